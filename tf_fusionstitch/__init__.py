@@ -1,0 +1,15 @@
+"""tf_fusionstitch: stitched fusion of memory-intensive TensorFlow ops.
+
+`optimize` needs TensorFlow; the fusion IR, schedule, codegen and runtime
+submodules do not, so they import on machines without it (DESIGN.md).
+"""
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # Lazy: importing the TF-free core must not import TensorFlow.
+    if name in ("optimize", "OptimizedFunction"):
+        from tf_fusionstitch import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'tf_fusionstitch' has no attribute {name!r}")

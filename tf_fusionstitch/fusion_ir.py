@@ -1,0 +1,348 @@
+"""Fusion IR: a framework-free description of one fused cluster.
+
+A `Cluster` is a small SSA program: named inputs with a dtype and a (possibly
+partly dynamic) shape, a topologically ordered list of primitive `Op`s, and the
+names of the values that leave the cluster. It is the contract between the
+rewriters (which lower TensorFlow ops to primitives) and code generation (which
+regenerates source from it). A `FusionStitch` node carries it as JSON; that JSON
+is validated here before anything is generated from it, so a graph can never
+smuggle code in through names or attributes.
+
+No TensorFlow import here, by design (see DESIGN.md, "TF-free core").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from typing import Any, Iterable, Optional, Sequence
+
+Shape = tuple  # tuple[Optional[int], ...]; None is an extent known only at run time
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+INT_DTYPES = ("int32", "int64")
+DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
+
+# Primitive classes. The op table in rewriters/ maps every TF op to these.
+UNARY = (
+    "neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "square",
+    "reciprocal", "tanh", "sigmoid", "relu", "relu6", "elu", "selu", "softplus",
+    "erf", "erfc", "sin", "cos", "floor", "ceil", "round", "sign",
+    "isfinite", "isnan", "logical_not", "cast",
+)
+BINARY = (
+    "add", "sub", "mul", "div", "div_no_nan", "maximum", "minimum", "pow",
+    "squared_difference", "floor_div", "floor_mod",
+    "less", "greater", "equal", "not_equal", "less_equal", "greater_equal",
+    "logical_and", "logical_or",
+)
+TERNARY = ("select",)
+REDUCE = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod",
+          "reduce_any", "reduce_all")
+SHAPE_ONLY = ("reshape", "broadcast_to")
+CONSTANT = ("const",)
+PRIMITIVES = UNARY + BINARY + TERNARY + REDUCE + SHAPE_ONLY + CONSTANT
+
+# Expensive elementwise ops (PAPERS.md op classes): worth buffering rather than
+# recomputing when a value is needed after a reduction.
+EXPENSIVE = frozenset({
+    "exp", "log", "log1p", "expm1", "tanh", "sigmoid", "elu", "selu", "softplus",
+    "erf", "erfc", "sin", "cos", "pow", "div", "reciprocal", "rsqrt", "sqrt",
+})
+
+_COMPARE = ("less", "greater", "equal", "not_equal", "less_equal", "greater_equal")
+_LOGICAL = ("logical_not", "logical_and", "logical_or", "reduce_any", "reduce_all")
+_FLOAT_ONLY = frozenset({
+    "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid",
+    "relu6", "elu", "selu", "softplus", "erf", "erfc", "sin", "cos", "floor", "ceil",
+    "round", "isfinite", "isnan", "div", "div_no_nan", "pow", "floor_div", "floor_mod",
+})
+
+# JSON has no Inf/NaN; constants spell them as strings.
+NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+class SpecError(ValueError):
+    """A fusion spec that cannot describe a valid cluster."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorType:
+    dtype: str
+    shape: Shape
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def to_json(self) -> dict:
+        return {"dtype": self.dtype, "shape": list(self.shape)}
+
+    @staticmethod
+    def from_json(obj: Any) -> "TensorType":
+        _expect(isinstance(obj, dict) and set(obj) == {"dtype", "shape"},
+                f"a tensor type must be {{dtype, shape}}, got {obj!r:.80}")
+        dtype, shape = obj["dtype"], obj["shape"]
+        _expect(isinstance(shape, list), f"shape must be a list, got {shape!r:.80}")
+        return TensorType(dtype, tuple(shape))
+
+    def validate(self, where: str) -> None:
+        _expect(self.dtype in DTYPES, f"{where}: unsupported dtype {self.dtype!r:.40}")
+        _expect(len(self.shape) <= 8, f"{where}: rank {len(self.shape)} exceeds 8")
+        for d in self.shape:
+            _expect(d is None or (type(d) is int and 0 <= d < 2**62),
+                    f"{where}: bad extent {d!r:.40} in shape")
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """One primitive producing the value `name` (SSA)."""
+    name: str
+    prim: str
+    inputs: tuple
+    type: TensorType
+    attrs: tuple = ()  # sorted (key, value) pairs; values are JSON scalars or int tuples
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return dict(self.attrs).get(key, default)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "prim": self.prim, "inputs": list(self.inputs),
+                "type": self.type.to_json(),
+                "attrs": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.attrs}}
+
+    @staticmethod
+    def from_json(obj: Any) -> "Op":
+        _expect(isinstance(obj, dict) and set(obj) == {"name", "prim", "inputs", "type", "attrs"},
+                f"an op must be {{name, prim, inputs, type, attrs}}, got keys {sorted(obj)!r:.120}"
+                if isinstance(obj, dict) else f"an op must be an object, got {obj!r:.80}")
+        _expect(isinstance(obj["inputs"], list) and isinstance(obj["attrs"], dict),
+                "op inputs must be a list and attrs an object")
+        return make_op(obj["name"], obj["prim"], obj["inputs"],
+                       TensorType.from_json(obj["type"]), **obj["attrs"])
+
+
+def make_op(name: str, prim: str, inputs: Iterable[str], type: TensorType, **attrs: Any) -> Op:
+    frozen = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
+    return Op(name, prim, tuple(inputs), type, frozen)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """The fusion spec of one cluster."""
+    inputs: tuple   # ((name, TensorType), ...)
+    ops: tuple      # (Op, ...), topologically ordered
+    outputs: tuple  # (value name, ...)
+
+    def types(self) -> dict:
+        out = {n: t for n, t in self.inputs}
+        out.update((op.name, op.type) for op in self.ops)
+        return out
+
+    def op_by_name(self) -> dict:
+        return {op.name: op for op in self.ops}
+
+    def to_json(self) -> str:
+        """Canonical JSON: equal clusters give byte-identical text (it is hashed)."""
+        obj = {"version": 1,
+               "inputs": [{"name": n, "type": t.to_json()} for n, t in self.inputs],
+               "ops": [op.to_json() for op in self.ops],
+               "outputs": list(self.outputs)}
+        return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+    @staticmethod
+    def from_json(text: str) -> "Cluster":
+        """Parse and validate; raises SpecError naming the problem."""
+        try:
+            obj = json.loads(text)
+        except (TypeError, ValueError) as e:
+            raise SpecError(f"fusion spec is not valid JSON: {e}") from None
+        _expect(isinstance(obj, dict) and obj.get("version") == 1,
+                "fusion spec must be an object with version 1")
+        _expect(set(obj) == {"version", "inputs", "ops", "outputs"},
+                f"fusion spec has unexpected keys {sorted(obj)!r:.120}")
+        _expect(isinstance(obj["inputs"], list) and isinstance(obj["ops"], list)
+                and isinstance(obj["outputs"], list), "inputs, ops and outputs must be lists")
+        inputs = []
+        for item in obj["inputs"]:
+            _expect(isinstance(item, dict) and set(item) == {"name", "type"},
+                    f"an input must be {{name, type}}, got {item!r:.80}")
+            inputs.append((item["name"], TensorType.from_json(item["type"])))
+        cluster = Cluster(tuple(inputs), tuple(Op.from_json(o) for o in obj["ops"]),
+                          tuple(obj["outputs"]))
+        cluster.validate()
+        return cluster
+
+    def validate(self) -> None:
+        """Checks names, arity, attributes, dtypes and every shape (re-inferred)."""
+        _expect(len(self.ops) > 0, "a cluster needs at least one op")
+        _expect(len(self.outputs) > 0, "a cluster needs at least one output")
+        _expect(len(self.inputs) <= 512 and len(self.ops) <= 10000, "cluster too large")
+        known: dict = {}
+        for name, t in self.inputs:
+            _check_name(name)
+            _expect(name not in known, f"duplicate value name {name!r}")
+            t.validate(f"input {name}")
+            known[name] = t
+        for op in self.ops:
+            _check_name(op.name)
+            _expect(op.name not in known, f"duplicate value name {op.name!r}")
+            _expect(op.prim in PRIMITIVES, f"op {op.name}: unknown primitive {op.prim!r:.40}")
+            for i in op.inputs:
+                _expect(isinstance(i, str) and i in known,
+                        f"op {op.name}: input {i!r:.40} is not defined before it")
+            op.type.validate(f"op {op.name}")
+            expected = infer_type(op, [known[i] for i in op.inputs])
+            _expect(_shape_compatible(expected.shape, op.type.shape)
+                    and expected.dtype == op.type.dtype,
+                    f"op {op.name} ({op.prim}): declared {op.type.dtype}{list(op.type.shape)} "
+                    f"but inputs give {expected.dtype}{list(expected.shape)}")
+            known[op.name] = op.type
+        for o in self.outputs:
+            _expect(isinstance(o, str) and o in known and o not in dict(self.inputs),
+                    f"output {o!r:.40} is not a value computed by the cluster")
+        _expect(len(set(self.outputs)) == len(self.outputs), "duplicate outputs")
+
+
+def _expect(cond: bool, message: str) -> None:
+    if not cond:
+        raise SpecError(message)
+
+
+def _check_name(name: Any) -> None:
+    _expect(isinstance(name, str) and bool(_NAME.match(name)),
+            f"value name {name!r:.40} is not an identifier of at most 64 characters")
+
+
+def _shape_compatible(inferred: Shape, declared: Shape) -> bool:
+    if len(inferred) != len(declared):
+        return False
+    return all(a is None or b is None or a == b for a, b in zip(inferred, declared))
+
+
+def broadcast_shapes(*shapes: Shape) -> Shape:
+    """NumPy broadcasting over static extents; None (dynamic) matches anything.
+
+    A dynamic extent is assumed not to broadcast at run time against a larger
+    one; the generated shape check enforces that assumption with a clear error.
+    """
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for axis in range(rank):
+        dims = [s[len(s) - rank + axis] for s in shapes if len(s) - rank + axis >= 0]
+        static = {d for d in dims if d is not None and d != 1}
+        if len(static) > 1:
+            raise SpecError(f"shapes {[list(s) for s in shapes]} do not broadcast")
+        if static:
+            out.append(static.pop())
+        elif any(d is None for d in dims):
+            out.append(None)
+        else:
+            out.append(1)
+    return tuple(out)
+
+
+def _axes(op: Op, rank: int) -> tuple:
+    axes = op.attr("axes")
+    _expect(isinstance(axes, tuple) and all(type(a) is int for a in axes),
+            f"op {op.name}: axes must be a list of ints")
+    for a in axes:
+        _expect(-rank <= a < rank, f"op {op.name}: axis {a} out of range for rank {rank}")
+    norm = tuple(sorted({a % rank for a in axes})) if rank else ()
+    _expect(len(norm) == len(axes), f"op {op.name}: repeated axis in {list(axes)}")
+    return norm
+
+
+def reduced_axes(op: Op, rank: int) -> tuple:
+    """Normalised (sorted, non-negative) reduction axes of a reduce op."""
+    return _axes(op, rank)
+
+
+def infer_type(op: Op, ins: Sequence[TensorType]) -> TensorType:
+    """Result type of `op` given its input types; raises SpecError if illegal."""
+    arity = {**{p: 1 for p in UNARY}, **{p: 2 for p in BINARY}, **{p: 3 for p in TERNARY},
+             **{p: 1 for p in REDUCE}, **{p: 1 for p in SHAPE_ONLY}, "const": 0}[op.prim]
+    _expect(len(ins) == arity, f"op {op.name}: {op.prim} takes {arity} inputs, got {len(ins)}")
+    p = op.prim
+    allowed = {"cast", "axes", "keep_dims", "shape", "value", "alpha", "scale"}
+    for k, _ in op.attrs:
+        _expect(k in allowed, f"op {op.name}: unknown attribute {k!r:.40}")
+    if p == "const":
+        value = op.attr("value")
+        _expect(op.type.shape == (), f"op {op.name}: only scalar constants are inlined")
+        _expect(type(value) in (int, float, bool) or value in NONFINITE,
+                f"op {op.name}: constant value must be a number, 'inf', '-inf' or 'nan'")
+        return op.type
+    if p in UNARY:
+        (x,) = ins
+        if p == "cast":
+            return TensorType(op.type.dtype, x.shape)
+        _check_dtype(op, x.dtype)
+        dtype = "bool" if p in ("isfinite", "isnan") else x.dtype
+        return TensorType(dtype, x.shape)
+    if p in BINARY:
+        a, b = ins
+        _expect(a.dtype == b.dtype, f"op {op.name}: {p} of {a.dtype} and {b.dtype}")
+        _check_dtype(op, a.dtype)
+        dtype = "bool" if p in _COMPARE else a.dtype
+        return TensorType(dtype, broadcast_shapes(a.shape, b.shape))
+    if p == "select":
+        c, a, b = ins
+        _expect(c.dtype == "bool", f"op {op.name}: select condition must be bool")
+        _expect(a.dtype == b.dtype, f"op {op.name}: select of {a.dtype} and {b.dtype}")
+        return TensorType(a.dtype, broadcast_shapes(c.shape, a.shape, b.shape))
+    if p in REDUCE:
+        (x,) = ins
+        _check_dtype(op, x.dtype)
+        axes = _axes(op, x.rank)
+        keep = op.attr("keep_dims")
+        _expect(type(keep) is bool, f"op {op.name}: keep_dims must be a bool")
+        if keep:
+            shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+        else:
+            shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+        return TensorType(x.dtype, shape)
+    if p in SHAPE_ONLY:
+        (x,) = ins
+        target = op.attr("shape")
+        _expect(isinstance(target, tuple) and all(d is None or (type(d) is int and d >= 0)
+                                                  for d in target),
+                f"op {op.name}: shape attribute must be a list of extents")
+        if p == "broadcast_to":
+            _expect(broadcast_shapes(x.shape, target) == _merge_unknown(target, x.shape),
+                    f"op {op.name}: cannot broadcast {list(x.shape)} to {list(target)}")
+        else:
+            _expect(_squeezed(x.shape) == _squeezed(target),
+                    f"op {op.name}: only reshapes that add or remove size-1 dimensions are "
+                    f"fused ({list(x.shape)} -> {list(target)})")
+        return TensorType(x.dtype, target)
+    raise SpecError(f"op {op.name}: unknown primitive {p!r}")
+
+
+def _merge_unknown(target: Shape, src: Shape) -> Shape:
+    return broadcast_shapes(target, src)
+
+
+def _squeezed(shape: Shape) -> tuple:
+    return tuple(d for d in shape if d != 1)
+
+
+def _check_dtype(op: Op, dtype: str) -> None:
+    p = op.prim
+    if p in _LOGICAL:
+        _expect(dtype == "bool", f"op {op.name}: {p} needs bool, got {dtype}")
+    elif p in _FLOAT_ONLY:
+        _expect(dtype in FLOAT_DTYPES, f"op {op.name}: {p} is fused for floating types only, "
+                                       f"got {dtype}")
+    elif p not in ("equal", "not_equal", "select", "cast"):
+        _expect(dtype != "bool", f"op {op.name}: {p} does not take bool")
+
+
+def num_elements(shape: Shape) -> Optional[int]:
+    if any(d is None for d in shape):
+        return None
+    return math.prod(shape)
