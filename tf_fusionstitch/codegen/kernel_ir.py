@@ -1,0 +1,179 @@
+"""Kernel IR: a scheduled cluster as straight-line statements in loops.
+
+A kernel runs independent work items (rows). Each item runs
+`segments[0]`, then for every loop k: `loops[k]` over the columns followed by
+`segments[k + 1]`. Statements are three-address code over named values; the
+printer (codegen/printer.py) turns them into C++ and later CUDA through small
+per-target tables. `lower(schedule)` builds it. No TensorFlow import here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Tuple
+
+from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch.schedule import Schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    dst: str
+    tensor: int          # index into the kernel's buffers (inputs first)
+    dtype: str           # storage dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class Compute:
+    dst: str
+    prim: str
+    args: tuple
+    dtype: str           # result dtype (storage dtype; computed in compute_type)
+    arg_dtype: str       # dtype of the arguments
+    attrs: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Store:
+    tensor: int
+    src: str
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class BufStore:
+    src: str
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class BufLoad:
+    dst: str
+    src: str             # the buffered value's name (one buffer per value)
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Accumulate:
+    acc: str             # the reduction's value name
+    kind: str            # reduce_* primitive
+    src: str
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Finish:
+    """Row value of a reduction, after the loop that accumulated it."""
+    dst: str
+    kind: str
+    dtype: str
+
+
+@dataclasses.dataclass
+class Tensor:
+    name: str
+    dtype: str
+    groups: tuple        # indices of the axis groups this tensor spans
+    is_output: bool
+
+
+@dataclasses.dataclass
+class Kernel:
+    tensors: List[Tensor]          # inputs then outputs, matching the ABI's bufs
+    num_inputs: int
+    group_extents: List[tuple]     # per axis group: the iteration axes it multiplies
+    col_groups: List[int]          # group indices looped over inside a work item
+    row_groups: List[int]          # group indices enumerated by the work item index
+    tiled: bool
+    segments: List[list]           # statements per row segment (num_loops + 1)
+    loops: List[list]              # statements per column loop
+    accumulators: List[list]       # per loop: Accumulate statements it owns
+    buffers: Dict[str, str]        # buffered value -> dtype
+    reduce_axes: tuple             # iteration axes reduced (for mean's count)
+
+
+def lower(s: Schedule) -> Kernel:
+    c = s.cluster
+    types = c.types()
+    ops = c.op_by_name()
+    group_index = {}
+    for gi, g in enumerate(s.groups):
+        for a in g.axes:
+            group_index[a] = gi
+
+    def groups_of(value):
+        return tuple(sorted({group_index[a] for a in s.axes_of(value)}))
+
+    tensors = [Tensor(n, t.dtype, groups_of(n), False) for n, t in c.inputs]
+    tensors += [Tensor(o, types[o].dtype, groups_of(o), True) for o in c.outputs]
+    input_index = {n: i for i, (n, _) in enumerate(c.inputs)}
+    n_loops = s.num_loops
+    segments: List[list] = [[] for _ in range(n_loops + 1)]
+    loops: List[list] = [[] for _ in range(n_loops)]
+    accs: List[list] = [[] for _ in range(n_loops)]
+
+    # Row values: inputs that do not vary along the columns load once per row.
+    for name, t in c.inputs:
+        if not s.is_col[name]:
+            segments[0].append(Load(_v(name), input_index[name], t.dtype))
+
+    # Per loop: which col values are already defined in that loop's body.
+    defined: List[set] = [set() for _ in range(n_loops)]
+
+    def emit_col(value: str, k: int) -> str:
+        """Make `value` available inside loop k; returns its C++ name."""
+        if not s.is_col[value]:
+            return _v(value)
+        if value in defined[k]:
+            return _v(value)
+        body = loops[k]
+        if value in input_index:
+            body.append(Load(_v(value), input_index[value], types[value].dtype))
+        elif value in s.buffered and s.phase[value] < k:
+            body.append(BufLoad(_v(value), _v(value), types[value].dtype))
+        else:
+            op = ops[value]
+            args = tuple(emit_col(i, k) for i in op.inputs)
+            body.append(_compute(op, args, types))
+        defined[k].add(value)
+        return _v(value)
+
+    outputs = {o: len(c.inputs) + j for j, o in enumerate(c.outputs)}
+    for op in c.ops:
+        if op.name in s.reductions:
+            k = s.phase[op.inputs[0]]
+            src = emit_col(op.inputs[0], k)
+            accs[k].append(Accumulate(_v(op.name), op.prim, src, op.type.dtype))
+            segments[k + 1].append(Finish(_v(op.name), op.prim, op.type.dtype))
+        elif s.is_col[op.name]:
+            k = s.phase[op.name]
+            emit_col(op.name, k)
+            if op.name in s.buffered:
+                loops[k].append(BufStore(_v(op.name), op.type.dtype))
+        else:
+            args = tuple(_v(i) for i in op.inputs)
+            segments[s.phase[op.name]].append(_compute(op, args, types))
+        if op.name in outputs:
+            stmt = Store(outputs[op.name], _v(op.name), op.type.dtype)
+            if s.is_col[op.name]:
+                loops[s.phase[op.name]].append(stmt)
+            else:
+                segments[s.phase[op.name]].append(stmt)
+
+    col_groups = [i for i, g in enumerate(s.groups) if g.is_col]
+    row_groups = [i for i, g in enumerate(s.groups) if not g.is_col]
+    return Kernel(
+        tensors=tensors, num_inputs=len(c.inputs),
+        group_extents=[g.axes for g in s.groups], col_groups=col_groups,
+        row_groups=row_groups, tiled=s.tiled, segments=segments, loops=loops,
+        accumulators=accs, buffers={_v(b): types[b].dtype for b in sorted(s.buffered)},
+        reduce_axes=tuple(sorted(s.col_axes)) if not s.tiled else ())
+
+
+def _v(name: str) -> str:
+    return "v_" + name
+
+
+def _compute(op: ir.Op, args: tuple, types) -> Compute:
+    arg_dtype = types[op.inputs[-1]].dtype if op.inputs else op.type.dtype
+    return Compute(_v(op.name), op.prim, args, op.type.dtype, arg_dtype, op.attrs)

@@ -1,0 +1,387 @@
+"""One printer from kernel IR to source text; targets differ only in tables.
+
+`print_kernel(kernel, CPP)` gives the C++ block function of docs/KERNEL_ABI.md:
+each work item is a row; each column loop is a `#pragma omp simd` loop that GCC
+vectorises (reductions through OpenMP reduction clauses, so no -ffast-math is
+needed and NaN/Inf semantics stay those of TensorFlow).
+
+Semantics of every primitive live in `_EXPR` (one row per primitive, a column
+per operand class). They follow TensorFlow's CPU kernels, including its NaN
+behaviour (checked by the op tests): Maximum/Minimum and max/min reductions
+propagate NaN, Relu(-0) is -0, Sign(NaN) is NaN, Round is half-to-even, Elu
+and Selu use exp(x) - 1 as TensorFlow does. No TensorFlow import here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict, List
+
+from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch.codegen import kernel_ir as k
+from tf_fusionstitch.codegen.vecmath import CPP_PRELUDE
+from tf_fusionstitch.schedule import ELEMENTWISE_TILE as TILE
+
+STORAGE = {"float32": "float", "float64": "double", "float16": "_Float16",
+           "bfloat16": "uint16_t", "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
+COMPUTE = {"float32": "float", "float64": "double", "float16": "float",
+           "bfloat16": "float", "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
+
+
+def operand_class(dtype: str) -> str:
+    if dtype == "float64":
+        return "f64"
+    if dtype in ir.FLOAT_DTYPES:
+        return "f32"
+    return "int" if dtype in ir.INT_DTYPES else "bool"
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    name: str
+    prelude: str
+    export: str                 # prefix of an exported C function
+    simd_pragma: str            # before a vectorisable column loop ({clauses} filled in)
+    math: Dict[str, tuple]      # function -> (float32 name, float64 name)
+
+
+CPP = Target(
+    name="cpp",
+    prelude=CPP_PRELUDE + r"""
+static inline double fs_sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+// Softplus as TensorFlow computes it: thresholds at log(epsilon) + 2.
+static inline float fs_softplusf(float x) {
+  const float th = -13.942385f, e = fs_expf(x);
+  return x > -th ? x : (x < th ? e : fs_logf(e + 1.0f));
+}
+static inline double fs_softplus(double x) {
+  const double th = -34.04365338911715, e = std::exp(x);
+  return x > -th ? x : (x < th ? e : std::log(e + 1.0));
+}
+static inline int fs_fail(char* err, int64_t n, const char* msg) {
+  if (n > 0) { std::strncpy(err, msg, (size_t)(n - 1)); err[n - 1] = 0; }
+  return 1;
+}
+""",
+    export='extern "C" __attribute__((visibility("default")))',
+    simd_pragma="#pragma omp simd{clauses}",
+    math={
+        "exp": ("fs_expf", "std::exp"), "log": ("fs_logf", "std::log"),
+        "log1p": ("fs_log1pf", "std::log1p"), "expm1": ("fs_expm1f", "std::expm1"),
+        "tanh": ("fs_tanhf", "std::tanh"), "sigmoid": ("fs_sigmoidf", "fs_sigmoid"),
+        "softplus": ("fs_softplusf", "fs_softplus"),
+        "erf": ("fs_erff", "std::erf"), "erfc": ("fs_erfcf", "std::erfc"),
+        "sin": ("std::sin", "std::sin"), "cos": ("std::cos", "std::cos"),
+        "sqrt": ("std::sqrt", "std::sqrt"), "floor": ("std::floor", "std::floor"),
+        "ceil": ("std::ceil", "std::ceil"), "round": ("std::nearbyint", "std::nearbyint"),
+        "pow": ("std::pow", "std::pow"), "fabs": ("std::fabs", "std::fabs"),
+        "fmod": ("std::fmod", "std::fmod"),
+    },
+)
+
+# SELU constants as TensorFlow defines them.
+_SELU_SCALE = 1.0507009873554804934193349852946
+_SELU_SCALE_ALPHA = 1.0507009873554804934193349852946 * 1.6732632423543772848170429916717
+
+# prim -> template. {0} {1} {2} are operands, {T} the compute type, {m:fn} a
+# math function of the target for the operand class. Float rows serve f32/f64.
+_EXPR = {
+    "neg": "(-{0})",
+    "abs": {"float": "{m:fabs}({0})", "int": "({0} < 0 ? ({T})-{0} : {0})"},
+    "exp": "{m:exp}({0})", "log": "{m:log}({0})", "log1p": "{m:log1p}({0})",
+    "expm1": "{m:expm1}({0})", "sqrt": "{m:sqrt}({0})",
+    "rsqrt": "(({T})1 / {m:sqrt}({0}))", "square": "({0} * {0})",
+    "reciprocal": "(({T})1 / {0})", "tanh": "{m:tanh}({0})", "sigmoid": "{m:sigmoid}({0})", "softplus": "{m:softplus}({0})",
+    "relu": "({0} < ({T})0 ? ({T})0 : {0})",
+    "relu6": "({0} < ({T})0 ? ({T})0 : ({0} > ({T})6 ? ({T})6 : {0}))",
+    "elu": "({0} < ({T})0 ? {m:exp}({0}) - ({T})1 : {0})",
+    "selu": "({0} < ({T})0 ? ({T})%r * ({m:exp}({0}) - ({T})1) : ({T})%r * {0})"
+            % (_SELU_SCALE_ALPHA, _SELU_SCALE),
+    "erf": "{m:erf}({0})", "erfc": "{m:erfc}({0})",
+    "sin": "{m:sin}({0})", "cos": "{m:cos}({0})",
+    "floor": "{m:floor}({0})", "ceil": "{m:ceil}({0})", "round": "{m:round}({0})",
+    "sign": {"float": "({0} > 0 ? ({T})1 : ({0} < 0 ? ({T})-1 : ({0} == {0} ? ({T})0 : {0})))",
+             "int": "(({T})({0} > 0) - ({T})({0} < 0))"},
+    "isfinite": "({0} - {0} == {0} - {0})", "isnan": "({0} != {0})",
+    "logical_not": "(!{0})",
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
+    "div_no_nan": "({1} == ({T})0 ? ({T})0 : {0} / {1})",
+    "maximum": {"float": "({0} != {0} ? {0} : ({1} != {1} ? {1} : ({0} > {1} ? {0} : {1})))",
+                "int": "({0} > {1} ? {0} : {1})"},
+    "minimum": {"float": "({0} != {0} ? {0} : ({1} != {1} ? {1} : ({0} < {1} ? {0} : {1})))",
+                "int": "({0} < {1} ? {0} : {1})"},
+    "pow": "{m:pow}({0}, {1})",
+    "squared_difference": "(({0} - {1}) * ({0} - {1}))",
+    "floor_div": "{m:floor}({0} / {1})",
+    "floor_mod": "fs_floor_mod({0}, {1})",
+    "less": "({0} < {1})", "greater": "({0} > {1})", "equal": "({0} == {1})",
+    "not_equal": "({0} != {1})", "less_equal": "({0} <= {1})", "greater_equal": "({0} >= {1})",
+    "logical_and": "({0} && {1})", "logical_or": "({0} || {1})",
+    "select": "({0} ? {1} : {2})",
+}
+
+_FLOOR_MOD = r"""
+template <typename T> static inline T fs_floor_mod(T x, T y) {
+  const T r = std::fmod(x, y);
+  return (r != T(0) && ((y < T(0)) != (r < T(0)))) ? r + y : r;
+}
+"""
+
+# Reductions: identity, in-loop update, OpenMP clause operator.
+_REDUCE = {
+    "reduce_sum": ("0", "{a} += {x};", "+"),
+    "reduce_mean": ("0", "{a} += {x};", "+"),
+    "reduce_prod": ("1", "{a} *= {x};", "*"),
+    "reduce_max": ("lowest", "{a} = {a} > {x} ? {a} : {x};", "max"),
+    "reduce_min": ("highest", "{a} = {a} < {x} ? {a} : {x};", "min"),
+    "reduce_any": ("0", "{a} |= (int){x};", "|"),
+    "reduce_all": ("1", "{a} &= (int){x};", "&"),
+}
+
+
+def _literal(value, dtype: str) -> str:
+    t = COMPUTE[dtype]
+    if isinstance(value, str):
+        value = ir.NONFINITE[value]
+    if dtype == "bool":
+        return "true" if value else "false"
+    if dtype in ir.INT_DTYPES:
+        return f"({t}){int(value)}LL" if dtype == "int64" else f"({t}){int(value)}"
+    value = float(value)
+    if math.isnan(value):
+        return f"std::numeric_limits<{t}>::quiet_NaN()"
+    if math.isinf(value):
+        return f"({'-' if value < 0 else ''}std::numeric_limits<{t}>::infinity())"
+    return f"({t}){value!r}"
+
+
+class _Printer:
+    def __init__(self, kernel: k.Kernel, target: Target):
+        self.k = kernel
+        self.t = target
+        self.lines: List[str] = []
+
+    def emit(self, line: str, indent: int) -> None:
+        self.lines.append("  " * indent + line)
+
+    # -- expressions -------------------------------------------------------
+    def expr(self, st: k.Compute) -> str:
+        cls = operand_class(st.arg_dtype)
+        if st.prim == "const":
+            return _literal(dict(st.attrs)["value"], st.dtype)
+        if st.prim == "cast":
+            return self.cast(st.args[0], st.arg_dtype, st.dtype)
+        if st.prim in ir.REDUCE or st.prim in ir.SHAPE_ONLY:
+            return st.args[0]  # reduce over size-1 dims, reshape, broadcast: identity
+        tmpl = _EXPR[st.prim]
+        if isinstance(tmpl, dict):
+            tmpl = tmpl["float" if cls in ("f32", "f64") else "int"]
+        fn_col = 1 if cls == "f64" else 0
+        out = tmpl
+        for name, pair in self.t.math.items():
+            out = out.replace("{m:%s}" % name, pair[fn_col])
+        out = out.replace("{T}", COMPUTE[st.arg_dtype])
+        return out.format(*st.args)
+
+    @staticmethod
+    def cast(src: str, frm: str, to: str) -> str:
+        if to == "bool":
+            return f"({src} != 0)"
+        if to == "float16":  # round as TensorFlow would, then compute in float
+            return f"static_cast<float>(static_cast<_Float16>({src}))"
+        if to == "bfloat16":
+            return f"fs_bf16_to_f32(fs_f32_to_bf16(static_cast<float>({src})))"
+        return f"static_cast<{COMPUTE[to]}>({src})"
+
+    def load(self, tensor: int, dtype: str, index: str) -> str:
+        raw = f"t{tensor}[{index}]"
+        if dtype == "bfloat16":
+            return f"fs_bf16_to_f32({raw})"
+        if dtype == "float16":
+            return f"static_cast<float>({raw})"
+        return raw
+
+    @staticmethod
+    def store_value(src: str, dtype: str) -> str:
+        if dtype == "bfloat16":
+            return f"fs_f32_to_bf16({src})"
+        if dtype == "float16":
+            return f"static_cast<_Float16>({src})"
+        return src
+
+    # -- indexing ----------------------------------------------------------
+    def index(self, tensor: int, in_loop: bool) -> str:
+        """Element offset of a tensor at the current row (and column)."""
+        parts = [f"o{tensor}"]
+        if in_loop:
+            spans = self.k.tensors[tensor].groups
+            for g in self.k.col_groups:
+                if g in spans:
+                    parts.append(self.col_term(tensor, g))
+        return " + ".join(parts)
+
+    def col_term(self, tensor: int, g: int) -> str:
+        var = f"c{g}"
+        inner = [h for h in self.k.tensors[tensor].groups if h > g]
+        return var if not inner else f"{var} * s{tensor}_{g}"
+
+    # -- statements --------------------------------------------------------
+    def stmt(self, st, indent: int, in_loop: bool) -> None:
+        if isinstance(st, k.Load):
+            ct = COMPUTE[st.dtype]
+            self.emit(f"const {ct} {st.dst} = {self.load(st.tensor, st.dtype, self.index(st.tensor, in_loop))};", indent)
+        elif isinstance(st, k.Compute):
+            self.emit(f"const {COMPUTE[st.dtype]} {st.dst} = {self.expr(st)};", indent)
+        elif isinstance(st, k.Store):
+            self.emit(f"t{st.tensor}[{self.index(st.tensor, in_loop)}] = "
+                      f"{self.store_value(st.src, st.dtype)};", indent)
+        elif isinstance(st, k.BufStore):
+            self.emit(f"b_{st.src}[cl] = {st.src};", indent)
+        elif isinstance(st, k.BufLoad):
+            self.emit(f"const {COMPUTE[st.dtype]} {st.dst} = b_{st.src}[cl];", indent)
+        elif isinstance(st, k.Finish):
+            self.finish(st, indent)
+        else:
+            raise TypeError(f"unknown statement {st!r}")
+
+    def acc_type(self, dtype: str, kind: str) -> str:
+        return "int" if kind in ("reduce_any", "reduce_all") else COMPUTE[dtype]
+
+    def init_acc(self, acc: k.Accumulate, indent: int) -> None:
+        ident, _, _ = _REDUCE[acc.kind]
+        t = self.acc_type(acc.dtype, acc.kind)
+        if ident in ("lowest", "highest"):
+            floating = acc.dtype in ir.FLOAT_DTYPES
+            if floating:
+                ident = ("-" if ident == "lowest" else "") + f"std::numeric_limits<{t}>::infinity()"
+                self.emit(f"int n_{acc.acc} = 0;", indent)
+            else:
+                ident = f"std::numeric_limits<{t}>::{'lowest' if ident == 'lowest' else 'max'}()"
+        self.emit(f"{t} a_{acc.acc} = {ident};", indent)
+
+    def finish(self, st: k.Finish, indent: int) -> None:
+        t = COMPUTE[st.dtype]
+        value = f"a_{st.dst}"
+        if st.kind in ("reduce_max", "reduce_min") and st.dtype in ir.FLOAT_DTYPES:
+            value = f"(n_{st.dst} ? std::numeric_limits<{t}>::quiet_NaN() : {value})"
+        elif st.kind == "reduce_mean":
+            if st.dtype in ir.INT_DTYPES:
+                value = f"(count_r ? ({t})({value} / ({t})count_r) : ({t})0)"
+            else:
+                value = f"({value} / ({t})count_r)"
+        elif st.kind in ("reduce_any", "reduce_all"):
+            value = f"({value} != 0)"
+        self.emit(f"const {t} {st.dst} = {value};", indent)
+
+    # -- kernel ------------------------------------------------------------
+    def kernel(self) -> str:
+        kr = self.k
+        e = self.emit
+        e(f"{self.t.export} void fs_run(int64_t begin, int64_t end, const int64_t* ext, "
+          "void* const* bufs) {", 0)
+        for i, tn in enumerate(kr.tensors):
+            st = STORAGE[tn.dtype]
+            const = "" if tn.is_output else "const "
+            e(f"{const}{st}* t{i} = static_cast<{const}{st}*>(bufs[{i}]);", 1)
+        for g, axes in enumerate(kr.group_extents):
+            e(f"const int64_t g{g} = " + " * ".join(f"ext[{a}]" for a in axes) + ";", 1)
+        for i, tn in enumerate(kr.tensors):
+            for g in tn.groups:
+                inner = [h for h in tn.groups if h > g]
+                if g in kr.row_groups or inner:  # a unit column stride is printed as c{g}
+                    e(f"const int64_t s{i}_{g} = " + (" * ".join(f"g{h}" for h in inner) or "1")
+                      + ";", 1)
+        if kr.reduce_axes:
+            e("const int64_t count_r = " + " * ".join(f"ext[{a}]" for a in kr.reduce_axes)
+              + ";", 1)
+        e("(void)ext;", 1)
+        cols = " * ".join(f"g{g}" for g in kr.col_groups) or "1"
+        e(f"const int64_t n_cols = {cols}; (void)n_cols;", 1)
+        if kr.tiled and kr.col_groups:
+            e(f"const int64_t n_tiles = (n_cols + {TILE} - 1) / {TILE};", 1)
+        for b, dtype in kr.buffers.items():
+            e(f"{COMPUTE[dtype]}* b_{b} = new {COMPUTE[dtype]}[n_cols > 0 ? n_cols : 1];", 1)
+        e("for (int64_t item = begin; item < end; ++item) {", 1)
+        e("int64_t r = item;", 2)
+        if kr.tiled and kr.col_groups:
+            e("const int64_t tile = r % n_tiles; r /= n_tiles;", 2)
+        for g in reversed(kr.row_groups):
+            e(f"const int64_t i{g} = r % g{g}; r /= g{g};", 2)
+        e("(void)r;", 2)
+        for i, tn in enumerate(kr.tensors):
+            terms = [f"i{g} * s{i}_{g}" for g in tn.groups if g in kr.row_groups]
+            e(f"const int64_t o{i} = " + (" + ".join(terms) or "0") + ";", 2)
+        for seg in range(len(kr.segments)):
+            for st in kr.segments[seg]:
+                self.stmt(st, 2, False)
+            if seg < len(kr.loops):
+                self.loop(seg, 2)
+        e("}", 1)
+        for b in kr.buffers:
+            e(f"delete[] b_{b};", 1)
+        e("}", 0)
+        return "\n".join(self.lines)
+
+    def loop(self, idx: int, indent: int) -> None:
+        kr = self.k
+        accs = kr.accumulators[idx]
+        e = self.emit
+        for a in accs:  # outside the loop's scope: the row segment after it reads them
+            self.init_acc(a, indent)
+        e("{", indent)
+        indent += 1
+        groups = kr.col_groups
+        if not groups:  # a single column: the body runs once
+            e("const int64_t cl = 0; (void)cl;", indent)
+            self.body(idx, accs, indent)
+            e("}", indent - 1)
+            return
+        # cl: the column's linear index within the row (buffers are indexed by it).
+        prev = "0"
+        for n, g in enumerate(groups):
+            innermost = n == len(groups) - 1
+            lo, hi = "0", f"g{g}"
+            if innermost and kr.tiled:
+                lo = f"tile * {TILE}"
+                hi = f"(g{g} - {lo} < {TILE} ? g{g} : {lo} + {TILE})"
+            if innermost:
+                clauses = "".join(self.clause(a) for a in accs)
+                e(self.t.simd_pragma.format(clauses=clauses), indent)
+            e(f"for (int64_t c{g} = {lo}; c{g} < {hi}; ++c{g}) {{", indent)
+            indent += 1
+            if not innermost:
+                e(f"const int64_t q{g} = ({prev} + c{g}) * g{groups[n + 1]};", indent)
+                prev = f"q{g}"
+        e(f"const int64_t cl = {prev} + c{groups[-1]}; (void)cl;", indent)
+        self.body(idx, accs, indent)
+        for _ in groups:
+            indent -= 1
+            e("}", indent)
+        e("}", indent - 1)
+
+    def body(self, idx: int, accs, indent: int) -> None:
+        for st in self.k.loops[idx]:
+            self.stmt(st, indent, True)
+        for a in accs:
+            _, update, _ = _REDUCE[a.kind]
+            self.emit(update.format(a=f"a_{a.acc}", x=a.src), indent)
+            if a.kind in ("reduce_max", "reduce_min") and a.dtype in ir.FLOAT_DTYPES:
+                self.emit(f"n_{a.acc} |= ({a.src} != {a.src});", indent)
+
+    def clause(self, a: k.Accumulate) -> str:
+        _, _, op = _REDUCE[a.kind]
+        out = f" reduction({op}:a_{a.acc})"
+        if a.kind in ("reduce_max", "reduce_min") and a.dtype in ir.FLOAT_DTYPES:
+            out += f" reduction(|:n_{a.acc})"
+        return out
+
+
+def print_kernel(kernel: k.Kernel, target: Target = CPP) -> str:
+    body = _Printer(kernel, target).kernel()
+    return body
+
+
+def headers(target: Target = CPP) -> str:
+    return ("#include <cstdint>\n#include <cstdio>\n#include <cstring>\n#include <cmath>\n#include <limits>\n"
+            + target.prelude + _FLOOR_MOD)

@@ -1,0 +1,94 @@
+"""Host-side C++ of a kernel: `fs_meta` and `fs_shape` (docs/KERNEL_ABI.md).
+
+The shape function reads the run-time extents of the inputs, checks them
+against the schedule's alignment (size-1 dimensions stay size 1; dimensions
+tied to one iteration axis agree), and derives the iteration extents, the
+output shapes and the number of work items. Nothing is recompiled when a
+dynamic extent such as the batch size changes. No TensorFlow import here.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from tf_fusionstitch.codegen import kernel_ir as k
+from tf_fusionstitch.schedule import ELEMENTWISE_TILE, Schedule, UnsupportedCluster
+
+
+def print_meta(s: Schedule, export: str) -> str:
+    c = s.cluster
+    types = c.types()
+    vals: List[int] = [1, len(c.inputs), len(c.outputs), max(s.num_axes, 1)]
+    vals += [t.rank for _, t in c.inputs]
+    vals += [types[o].rank for o in c.outputs]
+    vals += [len(s.forward)]
+    for j, i in s.forward:
+        vals += [j, i]
+    return f"{export} const int64_t fs_meta[] = {{{', '.join(map(str, vals))}}};"
+
+
+def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str) -> str:
+    c = s.cluster
+    lines = [f"{export} int fs_shape(const int64_t* in_dims, int64_t* out_dims, int64_t* ext, "
+             "int64_t* work, char* err, int64_t errlen) {",
+             "  char msg[512];"]
+    offsets, off = [], 0
+    for _, t in c.inputs:
+        offsets.append(off)
+        off += t.rank
+    sources = {a: [] for a in range(s.num_axes)}
+    for i, (name, t) in enumerate(c.inputs):
+        for d, a in enumerate(s.dim_axes[name]):
+            if a is not None:
+                sources[a].append((i, d))
+    for a in range(s.num_axes):
+        if s.static_extent[a] is not None:
+            lines.append(f"  const int64_t e{a} = {s.static_extent[a]};")
+        elif sources[a]:
+            i, d = sources[a][0]
+            lines.append(f"  const int64_t e{a} = in_dims[{offsets[i] + d}];")
+        else:
+            raise UnsupportedCluster(f"iteration axis {a} has no extent known from any input")
+    # Every input dimension must agree with the axis it was aligned to.
+    for i, (name, t) in enumerate(c.inputs):
+        want = []
+        for d, a in enumerate(s.dim_axes[name]):
+            want.append("1" if a is None else f"e{a}")
+        cond = " || ".join(f"in_dims[{offsets[i] + d}] != {w}" for d, w in enumerate(want))
+        if not cond:
+            continue
+        shown = ", ".join("%lld" for _ in want) or ""
+        got = ", ".join(f"(long long)in_dims[{offsets[i] + d}]" for d in range(len(want)))
+        exp = ", ".join(f"(long long){w}" for w in want)
+        lines += [
+            f"  if ({cond}) {{",
+            f'    std::snprintf(msg, sizeof msg, "FusionStitch: input {i} ({name}) has shape '
+            f'[{shown}] but the fused kernel expects [{shown}] (the graph was optimized for '
+            f'shapes that broadcast this way; a dimension unknown at optimization time that '
+            f'broadcasts at run time is not supported)", {got}, {exp});',
+            "    return fs_fail(err, errlen, msg);",
+            "  }",
+        ]
+    for a in range(s.num_axes):
+        lines.append(f"  ext[{a}] = e{a};")
+    pos = 0
+    for o in c.outputs:
+        for a in s.dim_axes[o]:  # None marks a size-1 dimension
+            lines.append(f"  out_dims[{pos}] = {1 if a is None else f'e{a}'};")
+            pos += 1
+    group_ext = [" * ".join(f"e{a}" for a in axes) for axes in kernel.group_extents]
+    rows = " * ".join(f"({group_ext[g]})" for g in kernel.row_groups) or "1"
+    cols = " * ".join(f"({group_ext[g]})" for g in kernel.col_groups) or "1"
+    lines.append(f"  const int64_t n_cols = {cols};")
+    if kernel.tiled and kernel.col_groups:
+        lines.append(f"  const int64_t per_item = n_cols < {ELEMENTWISE_TILE} ? n_cols : "
+                     f"{ELEMENTWISE_TILE};")
+        lines.append(f"  work[0] = ({rows}) * ((n_cols + {ELEMENTWISE_TILE - 1}) / "
+                     f"{ELEMENTWISE_TILE});")
+    else:
+        lines.append("  const int64_t per_item = n_cols;")
+        lines.append(f"  work[0] = {rows};")
+    stmts = sum(len(l) for l in kernel.loops) + sum(len(a) for a in kernel.accumulators)
+    lines.append(f"  work[1] = 16 + per_item * {max(stmts, 1)};")
+    lines += ["  (void)in_dims; (void)msg; (void)err; (void)errlen;", "  return 0;", "}"]
+    return "\n".join(lines)

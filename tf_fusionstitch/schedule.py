@@ -1,0 +1,321 @@
+"""Schedule: how one cluster maps onto a grid of independent work items.
+
+Every value of a cluster is aligned to one *iteration space*: the axes of the
+cluster's largest tensors, found by unifying the dimensions that broadcasting,
+reductions and size-1 reshapes tie together. All reductions of a cluster reduce
+the same set of axes R (the *column* axes); the other axes are *row* axes. One
+work item is one row: it runs a few *loops* over the columns, separated by the
+reductions whose results the next loop needs (the block composition of
+FusionStitching: a reduction and its broadcast consumers in one kernel). Values
+that do not vary along the columns are computed once per row, between loops.
+A column value needed in a later loop is either recomputed there (cheap ops) or
+kept in a per-row buffer (expensive ops), the choice the paper makes between
+thread composition and a shared-memory sub-root.
+
+A cluster without reductions tiles its innermost axis into column chunks so
+that a large elementwise cluster still spreads over many work items.
+
+This module raises `UnsupportedCluster` for anything it cannot schedule; the
+rewriter then leaves those ops to TensorFlow. No TensorFlow import here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Tuple
+
+from tf_fusionstitch import fusion_ir as ir
+
+# Column chunk for clusters without reductions: big enough to amortise the
+# per-item index arithmetic, small enough to balance two to dozens of threads.
+ELEMENTWISE_TILE = 4096
+
+
+class UnsupportedCluster(ValueError):
+    """The cluster is valid IR but this schedule cannot fuse it (reason in message)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisGroup:
+    """Adjacent iteration axes that every tensor either spans whole or broadcasts."""
+    axes: tuple        # iteration axis ids, outer to inner
+    is_col: bool
+
+
+@dataclasses.dataclass
+class Schedule:
+    cluster: ir.Cluster
+    num_axes: int                     # iteration axes 0..n-1, outer to inner
+    static_extent: List[Optional[int]]
+    col_axes: frozenset               # axes the reductions reduce (or the tiled axis)
+    groups: List[AxisGroup]           # coalesced axes, in iteration order
+    dim_axes: Dict[str, tuple]        # value -> per dim: axis id or None (size 1)
+    is_col: Dict[str, bool]           # value varies along the columns
+    phase: Dict[str, int]             # col value: loop index; row value: segment index
+    num_loops: int
+    buffered: frozenset               # col values kept in a per-row buffer
+    tiled: bool                       # no reductions: the col group is chunked
+    reductions: frozenset             # reduce ops that really reduce (col -> row)
+    forward: List[Tuple[int, int]]    # (output index, input index) buffer reuse allowed
+
+    def axes_of(self, value: str) -> frozenset:
+        return frozenset(a for a in self.dim_axes[value] if a is not None)
+
+    def row_groups(self) -> List[AxisGroup]:
+        return [g for g in self.groups if not g.is_col]
+
+    def col_groups(self) -> List[AxisGroup]:
+        return [g for g in self.groups if g.is_col]
+
+
+class _UnionFind:
+    def __init__(self):
+        self.parent: dict = {}
+
+    def find(self, x):
+        self.parent.setdefault(x, x)
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def union(self, a, b):
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+
+
+def _unify_dims(cluster: ir.Cluster) -> Tuple[Dict[str, list], Dict[str, set]]:
+    """Union-find over (value, dim) pairs; returns per value the class of each dim.
+
+    Dimensions of static extent 1 take part in nothing (they broadcast).
+    """
+    types = cluster.types()
+    uf = _UnionFind()
+    reduced_dims: Dict[str, set] = {}
+
+    def live(value, d):
+        return types[value].shape[d] != 1
+
+    for name, t in cluster.inputs:
+        for d in range(t.rank):
+            if live(name, d):
+                uf.find((name, d))
+    for op in cluster.ops:
+        out = op.type
+        for d in range(out.rank):
+            if live(op.name, d):
+                uf.find((op.name, d))
+        if op.prim in ir.REDUCE:
+            src = op.inputs[0]
+            axes = ir.reduced_axes(op, types[src].rank)
+            reduced_dims[op.name] = {d for d in axes if live(src, d)}
+            kept = [d for d in range(types[src].rank) if d not in axes]
+            for j, d in enumerate(kept):
+                od = d if op.attr("keep_dims") else j
+                if live(src, d):
+                    uf.union((op.name, od), (src, d))
+        elif op.prim == "reshape":
+            src = op.inputs[0]
+            a = [d for d in range(types[src].rank) if live(src, d)]
+            b = [d for d in range(out.rank) if live(op.name, d)]
+            if len(a) != len(b):
+                raise UnsupportedCluster(f"reshape {op.name} changes the non-unit dimensions")
+            for da, db in zip(a, b):
+                uf.union((src, da), (op.name, db))
+        else:  # elementwise with right-aligned broadcasting
+            for src in op.inputs:
+                st = types[src]
+                for d in range(st.rank):
+                    od = out.rank - st.rank + d
+                    if live(src, d) and live(op.name, od):
+                        uf.union((src, d), (op.name, od))
+
+    dims: Dict[str, list] = {}
+    for name, t in types.items():
+        dims[name] = [uf.find((name, d)) if live(name, d) else None for d in range(t.rank)]
+    reduced_classes = {n: {uf.find((op_in, d)) for d in ds}
+                       for n, ds in reduced_dims.items()
+                       for op_in in [cluster.op_by_name()[n].inputs[0]]}
+    return dims, reduced_classes
+
+
+def _order_axes(dims: Dict[str, list]) -> list:
+    """A total order of the axis classes consistent with every value's layout."""
+    succ: dict = {}
+    indeg: dict = {}
+    first_seen: dict = {}
+    for name, classes in dims.items():
+        present = [c for c in classes if c is not None]
+        if len(set(present)) != len(present):
+            raise UnsupportedCluster(f"value {name} uses one axis twice")
+        for c in present:
+            first_seen.setdefault(c, len(first_seen))
+            succ.setdefault(c, set())
+            indeg.setdefault(c, 0)
+        for a, b in zip(present, present[1:]):
+            if b not in succ[a]:
+                succ[a].add(b)
+                indeg[b] += 1
+    # Kahn's algorithm, ties broken by the largest values' order (first seen).
+    ready = sorted((c for c in indeg if indeg[c] == 0), key=first_seen.get)
+    order = []
+    while ready:
+        c = ready.pop(0)
+        order.append(c)
+        for b in sorted(succ[c], key=first_seen.get):
+            indeg[b] -= 1
+            if indeg[b] == 0:
+                ready.append(b)
+        ready.sort(key=first_seen.get)
+    if len(order) != len(indeg):
+        raise UnsupportedCluster("tensors in the cluster disagree on the order of their axes "
+                                 "(a transposed layout)")
+    return order
+
+
+def _static_extents(cluster: ir.Cluster, dim_axes: Dict[str, tuple], n: int) -> list:
+    types = cluster.types()
+    ext: List[Optional[int]] = [None] * n
+    for name, axes in dim_axes.items():
+        for d, a in enumerate(axes):
+            e = types[name].shape[d]
+            if a is not None and e is not None:
+                if ext[a] is not None and ext[a] != e:
+                    raise UnsupportedCluster(f"axis extents {ext[a]} and {e} conflict")
+                ext[a] = e
+    return ext
+
+
+def _largest_values_first(cluster: ir.Cluster) -> Dict[str, list]:
+    """Values ordered so that the outputs and widest tensors set the axis order."""
+    types = cluster.types()
+    names = list(cluster.outputs) + [op.name for op in reversed(cluster.ops)] + \
+        [n for n, _ in cluster.inputs]
+    seen, ordered = set(), []
+    for nm in sorted(dict.fromkeys(names), key=lambda v: -types[v].rank):
+        if nm not in seen:
+            seen.add(nm)
+            ordered.append(nm)
+    return ordered
+
+
+def build_schedule(cluster: ir.Cluster) -> Schedule:
+    types = cluster.types()
+    raw_dims, reduced_classes = _unify_dims(cluster)
+    ordered_names = _largest_values_first(cluster)
+    order = _order_axes({n: raw_dims[n] for n in ordered_names})
+    index = {c: i for i, c in enumerate(order)}
+    dim_axes = {n: tuple(None if c is None else index[c] for c in cl) for n, cl in raw_dims.items()}
+    n = len(order)
+    static_extent = _static_extents(cluster, dim_axes, n)
+
+    reduce_sets = {frozenset(index[c] for c in cs) for cs in reduced_classes.values() if cs}
+    if len(reduce_sets) > 1:
+        raise UnsupportedCluster("reductions over different axes in one cluster")
+    tiled = not reduce_sets
+    axes_of = {v: frozenset(a for a in dim_axes[v] if a is not None) for v in types}
+
+    if tiled:
+        all_axes = frozenset(range(n))
+        for o in cluster.outputs:
+            if axes_of[o] != all_axes:
+                raise UnsupportedCluster(f"output {o} is broadcast along the cluster's other "
+                                         "outputs (it would be written many times)")
+        groups = _coalesce(cluster, dim_axes, list(range(n)), frozenset())
+        if groups:
+            col_axes = frozenset(groups[-1].axes)
+            groups[-1] = AxisGroup(groups[-1].axes, True)
+        else:
+            col_axes = frozenset()
+    else:
+        col_axes = next(iter(reduce_sets))
+        row_axes = frozenset(range(n)) - col_axes
+        for o in cluster.outputs:
+            ax = axes_of[o]
+            if ax != row_axes and ax != row_axes | col_axes:
+                raise UnsupportedCluster(f"output {o} spans neither all row axes nor all axes")
+        groups = _coalesce(cluster, dim_axes, list(range(n)), col_axes)
+
+    is_col = {v: bool(axes_of[v] & col_axes) for v in types}
+    # A reduce over size-1 dimensions only is elementwise (an identity).
+    reductions = frozenset(name for name, cs in reduced_classes.items() if cs)
+    phase, num_loops = _assign_phases(cluster, is_col, reductions)
+    buffered = _choose_buffers(cluster, is_col, phase, reductions)
+    forward = _forwardable(cluster, types, axes_of, is_col, phase, num_loops, n)
+    return Schedule(cluster, n, static_extent, col_axes, groups, dim_axes, is_col, phase,
+                    num_loops, buffered, tiled, reductions, forward)
+
+
+def _coalesce(cluster, dim_axes, order, col_axes) -> List[AxisGroup]:
+    """Merge adjacent axes of the same kind that every tensor spans alike."""
+    presence = [frozenset(a for a in axes if a is not None) for axes in dim_axes.values()]
+    groups: List[AxisGroup] = []
+    for a in order:
+        kind = a in col_axes
+        if groups and groups[-1].is_col == kind:
+            prev = groups[-1].axes[-1]
+            if all((a in p) == (prev in p) for p in presence):
+                groups[-1] = AxisGroup(groups[-1].axes + (a,), kind)
+                continue
+        groups.append(AxisGroup((a,), kind))
+    return groups
+
+
+def _assign_phases(cluster: ir.Cluster, is_col: Dict[str, bool],
+                   reductions: frozenset) -> Tuple[Dict[str, int], int]:
+    """Col value -> loop index; row value -> row segment (0 before the first loop,
+    k after loop k-1). A reduction whose input is in loop k yields a row value of
+    segment k+1; a col value can run in the first loop after its row inputs exist."""
+    phase: Dict[str, int] = {name: 0 for name, _ in cluster.inputs}
+    num_loops = 0
+    for op in cluster.ops:
+        ins = [phase[i] for i in op.inputs]
+        if op.name in reductions:
+            phase[op.name] = phase[op.inputs[0]] + 1
+            num_loops = max(num_loops, phase[op.inputs[0]] + 1)
+        else:
+            phase[op.name] = max(ins, default=0)
+            if is_col[op.name]:
+                num_loops = max(num_loops, phase[op.name] + 1)
+    return phase, max(num_loops, 1)
+
+
+def _choose_buffers(cluster, is_col, phase, reductions) -> frozenset:
+    """Col values used in a later loop: buffer those whose recomputation would
+    repeat an expensive op; recompute light ones (reloading inputs from cache)."""
+    ops = cluster.op_by_name()
+    late = set()
+    for op in cluster.ops:
+        if op.name in reductions or not is_col[op.name]:
+            continue  # a reduction accumulates in its input's own loop
+        late.update(i for i in op.inputs if i in ops and is_col[i] and phase[i] < phase[op.name])
+    buffered = set()
+
+    def expensive_cone(v, seen):
+        if v not in ops or v in buffered or v in seen or not is_col[v]:
+            return False
+        seen.add(v)
+        op = ops[v]
+        return op.prim in ir.EXPENSIVE or any(expensive_cone(i, seen) for i in op.inputs)
+
+    for v in sorted(late, key=lambda x: list(ops).index(x)):
+        if expensive_cone(v, set()):
+            buffered.add(v)
+    return frozenset(buffered)
+
+
+def _forwardable(cluster, types, axes_of, is_col, phase, num_loops, n) -> List[Tuple[int, int]]:
+    """An input buffer may become an output when both span every axis with the
+    same dtype and the output is written in the last loop: by then every read of
+    that input element has happened (reads precede the store in each iteration,
+    and work items touch disjoint rows)."""
+    full = frozenset(range(n))
+    pairs = []
+    for j, o in enumerate(cluster.outputs):
+        if axes_of[o] != full or not is_col[o] or phase[o] != num_loops - 1:
+            continue
+        for i, (name, t) in enumerate(cluster.inputs):
+            if axes_of[name] == full and t.dtype == types[o].dtype:
+                pairs.append((j, i))
+    return pairs
