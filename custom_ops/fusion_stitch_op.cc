@@ -1,0 +1,374 @@
+// The FusionStitch TensorFlow op: runs one generated, stitched CPU kernel.
+//
+// A FusionStitch node stands for a fused cluster of memory-intensive ops. Its
+// kernel is a shared object generated from the node's `spec` (the fusion IR as
+// JSON) and exporting the ABI in docs/KERNEL_ABI.md: fs_meta, fs_shape, fs_run.
+// The graph never carries code: Python (tf_fusionstitch.optimize) validates the
+// spec, generates and compiles the kernel, and registers it in this process
+// under `kernel_key` with fs_register_kernel(). The op refuses to run when the
+// key is unknown or the node's spec differs from the one registered.
+//
+// The op is stateless: outputs depend only on inputs and attributes, so
+// TensorFlow may deduplicate, reorder or constant-fold it like any pure op.
+//
+// Per call: input extents -> fs_shape (output extents, run-time extents, work
+// item count and cost) -> outputs allocated (reusing an input buffer where the
+// kernel allows it and TensorFlow agrees) -> fs_run over [0, work) sharded on
+// TensorFlow's intra-op thread pool. No Python runs per call.
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+namespace tensorflow {
+namespace fusion_stitch {
+
+constexpr int64_t kAbiVersion = 1;
+constexpr int64_t kMaxCount = int64_t{1} << 16;  // sanity bound for fs_meta counts
+constexpr int64_t kMaxRank = 254;                // TensorShape's limit
+constexpr int64_t kErrLen = 1024;
+
+using ShapeFn = int (*)(const int64_t* in_dims, int64_t* out_dims, int64_t* ext,
+                        int64_t* work, char* err, int64_t errlen);
+using RunFn = void (*)(int64_t begin, int64_t end, const int64_t* ext,
+                       void* const* bufs);
+
+// A registered kernel, with fs_meta decoded once. Never unloaded: op kernels
+// hold pointers into it for the life of the process.
+struct LoadedKernel {
+  std::string spec;
+  std::string so_path;
+  ShapeFn shape = nullptr;
+  RunFn run = nullptr;
+  int n_in = 0;
+  int n_out = 0;
+  int n_ext = 0;
+  std::vector<int> in_ranks;
+  std::vector<int> out_ranks;
+  std::vector<std::vector<int>> forward_candidates;  // per output: input indices
+};
+
+std::mutex registry_mu;
+std::unordered_map<std::string, std::shared_ptr<const LoadedKernel>>& Registry() {
+  static auto* registry =
+      new std::unordered_map<std::string, std::shared_ptr<const LoadedKernel>>();
+  return *registry;
+}
+
+thread_local std::string last_error;
+
+int Fail(const std::string& message) {
+  last_error = message;
+  return 1;
+}
+
+std::shared_ptr<const LoadedKernel> Lookup(const std::string& key) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  auto it = Registry().find(key);
+  return it == Registry().end() ? nullptr : it->second;
+}
+
+// Decodes fs_meta, checking each count before it sizes a read.
+bool DecodeMeta(const int64_t* meta, LoadedKernel* k, std::string* error) {
+  if (meta[0] != kAbiVersion) {
+    *error = "kernel ABI version " + std::to_string(meta[0]) +
+             ", this op supports version " + std::to_string(kAbiVersion) +
+             "; clear the tf_fusionstitch cache and rebuild";
+    return false;
+  }
+  const int64_t n_in = meta[1], n_out = meta[2], n_ext = meta[3];
+  if (n_in < 0 || n_in > kMaxCount || n_out < 1 || n_out > kMaxCount ||
+      n_ext < 0 || n_ext > kMaxCount) {
+    *error = "fs_meta has invalid counts n_in=" + std::to_string(n_in) +
+             " n_out=" + std::to_string(n_out) + " n_ext=" + std::to_string(n_ext);
+    return false;
+  }
+  k->n_in = static_cast<int>(n_in);
+  k->n_out = static_cast<int>(n_out);
+  k->n_ext = static_cast<int>(n_ext);
+  for (int64_t i = 0; i < n_in + n_out; ++i) {
+    const int64_t rank = meta[4 + i];
+    if (rank < 0 || rank > kMaxRank) {
+      *error = "fs_meta has invalid rank " + std::to_string(rank);
+      return false;
+    }
+    (i < n_in ? k->in_ranks : k->out_ranks).push_back(static_cast<int>(rank));
+  }
+  const int64_t at = 4 + n_in + n_out;
+  const int64_t n_fwd = meta[at];
+  if (n_fwd < 0 || n_fwd > n_in * n_out) {
+    *error = "fs_meta has invalid n_fwd " + std::to_string(n_fwd);
+    return false;
+  }
+  k->forward_candidates.assign(n_out, {});
+  for (int64_t p = 0; p < n_fwd; ++p) {
+    const int64_t out = meta[at + 1 + 2 * p], in = meta[at + 2 + 2 * p];
+    if (out < 0 || out >= n_out || in < 0 || in >= n_in) {
+      *error = "fs_meta forward pair (" + std::to_string(out) + ", " +
+               std::to_string(in) + ") names no such output/input";
+      return false;
+    }
+    k->forward_candidates[out].push_back(static_cast<int>(in));
+  }
+  return true;
+}
+
+int Register(const char* key, const char* so_path, const char* spec) {
+  if (key == nullptr || so_path == nullptr || spec == nullptr) {
+    return Fail("fs_register_kernel: key, so_path and spec must not be null");
+  }
+  std::lock_guard<std::mutex> lock(registry_mu);
+  auto it = Registry().find(key);
+  if (it != Registry().end()) {
+    if (it->second->spec == spec) return 0;  // idempotent
+    return Fail(std::string("kernel key '") + key +
+                "' is already registered with a different spec; keys must be "
+                "the content hash of their spec");
+  }
+  // RTLD_LOCAL: kernels export the same symbol names, so keep them apart.
+  void* handle = dlopen(so_path, RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    return Fail(std::string("cannot load kernel ") + so_path + ": " +
+                (why ? why : "unknown dlopen error"));
+  }
+  auto kernel = std::make_shared<LoadedKernel>();
+  kernel->spec = spec;
+  kernel->so_path = so_path;
+  auto* meta = static_cast<const int64_t*>(dlsym(handle, "fs_meta"));
+  kernel->shape = reinterpret_cast<ShapeFn>(dlsym(handle, "fs_shape"));
+  kernel->run = reinterpret_cast<RunFn>(dlsym(handle, "fs_run"));
+  std::string error;
+  if (meta == nullptr || kernel->shape == nullptr || kernel->run == nullptr) {
+    error = "does not export fs_meta, fs_shape and fs_run (they need "
+            "extern \"C\" and visibility(\"default\"))";
+  } else {
+    DecodeMeta(meta, kernel.get(), &error);
+  }
+  if (!error.empty()) {
+    dlclose(handle);
+    return Fail(std::string("kernel ") + so_path + ": " + error);
+  }
+  Registry().emplace(key, std::move(kernel));
+  return 0;
+}
+
+bool SupportedDtype(DataType t) {
+  switch (t) {
+    case DT_FLOAT: case DT_DOUBLE: case DT_HALF: case DT_BFLOAT16:
+    case DT_INT32: case DT_INT64: case DT_BOOL:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::string ShapeString(const int64_t* dims, int rank) {
+  std::string s = "[";
+  for (int i = 0; i < rank; ++i) s += (i ? "," : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+}  // namespace fusion_stitch
+
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
+
+REGISTER_OP("FusionStitch")
+    .Input("inputs: Tin")
+    .Output("outputs: Tout")
+    .Attr("Tin: list(type) >= 0")
+    .Attr("Tout: list(type) >= 1")
+    .Attr("output_shapes: list(shape)")
+    .Attr("spec: string")
+    .Attr("kernel_key: string")
+    .SetShapeFn([](InferenceContext* c) {
+      std::vector<PartialTensorShape> shapes;
+      TF_RETURN_IF_ERROR(c->GetAttr("output_shapes", &shapes));
+      if (static_cast<int>(shapes.size()) != c->num_outputs()) {
+        return errors::InvalidArgument(
+            "FusionStitch: output_shapes has ", shapes.size(),
+            " entries but Tout has ", c->num_outputs());
+      }
+      for (int i = 0; i < c->num_outputs(); ++i) {
+        ShapeHandle h;
+        TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[i], &h));
+        c->set_output(i, h);
+      }
+      return absl::OkStatus();
+    });
+
+class FusionStitchOp : public OpKernel {
+ public:
+  explicit FusionStitchOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::string spec;
+    std::vector<DataType> tin, tout;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("kernel_key", &key_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("spec", &spec));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("Tin", &tin));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("Tout", &tout));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("output_shapes", &output_shapes_));
+
+    kernel_ = fusion_stitch::Lookup(key_);
+    OP_REQUIRES(
+        ctx, kernel_ != nullptr,
+        errors::FailedPrecondition(
+            "FusionStitch kernel '", key_, "' (node ", name(),
+            ") is not loaded in this process. Graphs with FusionStitch nodes "
+            "are produced and loaded by tf_fusionstitch.optimize, which "
+            "compiles and registers their kernels; call "
+            "tf_fusionstitch.optimize on the original function in this "
+            "process rather than importing a rewritten graph."));
+    // Never trust the graph: the node must carry the spec the kernel was
+    // generated from.
+    OP_REQUIRES(ctx, kernel_->spec == spec,
+                errors::InvalidArgument(
+                    "FusionStitch node ", name(), ": its spec differs from the "
+                    "spec kernel '", key_, "' was generated from; the graph "
+                    "was altered or the key is stale. Re-run "
+                    "tf_fusionstitch.optimize on the original function."));
+    const int n_in = static_cast<int>(tin.size());
+    const int n_out = static_cast<int>(tout.size());
+    OP_REQUIRES(ctx, n_in == kernel_->n_in && n_out == kernel_->n_out,
+                errors::InvalidArgument(
+                    "FusionStitch node ", name(), " has ", n_in, " inputs and ",
+                    n_out, " outputs but kernel '", key_, "' takes ",
+                    kernel_->n_in, " and produces ", kernel_->n_out));
+    OP_REQUIRES(ctx, static_cast<int>(output_shapes_.size()) == n_out,
+                errors::InvalidArgument("FusionStitch node ", name(), ": ",
+                                        output_shapes_.size(),
+                                        " output_shapes for ", n_out, " outputs"));
+    for (int i = 0; i < n_in + n_out; ++i) {
+      const DataType t = i < n_in ? tin[i] : tout[i - n_in];
+      OP_REQUIRES(ctx, fusion_stitch::SupportedDtype(t),
+                  errors::InvalidArgument(
+                      "FusionStitch node ", name(), ": ",
+                      i < n_in ? "input " : "output ", i < n_in ? i : i - n_in,
+                      " has dtype ", DataTypeString(t),
+                      "; fused kernels take float, double, half, bfloat16, "
+                      "int32, int64 and bool"));
+    }
+    for (int i = 0; i < n_out; ++i) {
+      const PartialTensorShape& s = output_shapes_[i];
+      OP_REQUIRES(ctx, s.unknown_rank() || s.dims() == kernel_->out_ranks[i],
+                  errors::InvalidArgument(
+                      "FusionStitch node ", name(), ": output_shapes[", i,
+                      "] has rank ", s.dims(), " but kernel '", key_,
+                      "' produces rank ", kernel_->out_ranks[i]));
+    }
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const fusion_stitch::LoadedKernel& k = *kernel_;
+
+    std::vector<int64_t> in_dims;
+    for (int i = 0; i < k.n_in; ++i) {
+      const TensorShape& s = ctx->input(i).shape();
+      OP_REQUIRES(ctx, s.dims() == k.in_ranks[i],
+                  errors::InvalidArgument(
+                      "FusionStitch node ", name(), ": input ", i, " has shape ",
+                      s.DebugString(), " (rank ", s.dims(), ") but the kernel takes rank ",
+                      k.in_ranks[i]));
+      for (int d = 0; d < s.dims(); ++d) in_dims.push_back(s.dim_size(d));
+    }
+
+    int total_out_rank = 0;
+    for (int r : k.out_ranks) total_out_rank += r;
+    // Never empty, so the kernel always receives valid pointers.
+    std::vector<int64_t> out_dims(std::max(1, total_out_rank), 0);
+    std::vector<int64_t> ext(std::max(1, k.n_ext), 0);
+    if (in_dims.empty()) in_dims.push_back(0);
+    int64_t work[2] = {0, 0};
+    char err[fusion_stitch::kErrLen] = {0};
+    const int rc = k.shape(in_dims.data(), out_dims.data(), ext.data(), work, err,
+                           fusion_stitch::kErrLen);
+    err[fusion_stitch::kErrLen - 1] = '\0';
+    OP_REQUIRES(ctx, rc == 0,
+                errors::InvalidArgument("FusionStitch node ", name(), ": ",
+                                        err[0] ? err : "the kernel rejected its input shapes"));
+    OP_REQUIRES(ctx, work[0] >= 0,
+                errors::Internal("FusionStitch kernel '", key_, "' returned ",
+                                 work[0], " work items"));
+
+    std::vector<void*> bufs(k.n_in + k.n_out, nullptr);
+    for (int i = 0; i < k.n_in; ++i) {
+      bufs[i] = const_cast<char*>(ctx->input(i).tensor_data().data());
+    }
+    const int64_t* dims = out_dims.data();
+    for (int i = 0; i < k.n_out; ++i) {
+      const int rank = k.out_ranks[i];
+      TensorShape shape;
+      OP_REQUIRES_OK(ctx, TensorShape::BuildTensorShape(
+                              absl::Span<const int64_t>(dims, rank), &shape));
+      // The static shape promised to the graph must hold at run time.
+      OP_REQUIRES(ctx, output_shapes_[i].IsCompatibleWith(shape),
+                  errors::Internal(
+                      "FusionStitch node ", name(), ": kernel '", key_,
+                      "' computed output ", i, " shape ",
+                      fusion_stitch::ShapeString(dims, rank),
+                      ", incompatible with the declared ",
+                      output_shapes_[i].DebugString()));
+      dims += rank;
+      Tensor* out = nullptr;
+      // Reusing a dead input's buffer avoids page faults on a fresh output;
+      // TF forwards only when dtype and size match and nobody else holds it.
+      OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(
+                              k.forward_candidates[i], i, shape, &out));
+      bufs[k.n_in + i] = const_cast<char*>(out->tensor_data().data());
+    }
+
+    if (work[0] == 0) return;
+    const RunFn run = k.run;
+    const int64_t* ext_ptr = ext.data();
+    void* const* buf_ptr = bufs.data();
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers->num_threads, workers->workers, work[0],
+          std::max<int64_t>(1, work[1]),
+          [run, ext_ptr, buf_ptr](int64_t begin, int64_t end) {
+            run(begin, end, ext_ptr, buf_ptr);
+          });
+  }
+
+ private:
+  using RunFn = fusion_stitch::RunFn;
+  std::string key_;
+  std::vector<PartialTensorShape> output_shapes_;
+  std::shared_ptr<const fusion_stitch::LoadedKernel> kernel_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("FusionStitch").Device(DEVICE_CPU), FusionStitchOp);
+
+}  // namespace tensorflow
+
+// C entry points for Python (custom_ops/loader.py) via ctypes on the same
+// library handle as tf.load_op_library, so they share the registry above.
+extern "C" {
+
+// Registers the kernel in `so_path`, generated from `spec`, under `key`.
+// Returns 0, or non-zero with the reason in fs_last_error(). Registering the
+// same key with the same spec again is a no-op.
+__attribute__((visibility("default"))) int fs_register_kernel(const char* key,
+                                                              const char* so_path,
+                                                              const char* spec) {
+  return tensorflow::fusion_stitch::Register(key, so_path, spec);
+}
+
+// The last fs_register_kernel error on this thread.
+__attribute__((visibility("default"))) const char* fs_last_error() {
+  return tensorflow::fusion_stitch::last_error.c_str();
+}
+
+}  // extern "C"

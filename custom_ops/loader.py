@@ -1,0 +1,90 @@
+"""Build and load the FusionStitch op library; register kernels with it.
+
+The library is compiled from fusion_stitch_op.cc (next to this file) against
+the installed TensorFlow, cached like kernels, and loaded once per process.
+Kernels are registered through ctypes on the very same library file, so the
+dlopen handle, and with it the C++ kernel registry, is the op's own.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+import platform
+import tempfile
+import threading
+from types import ModuleType
+
+import tensorflow as tf
+
+from tf_fusionstitch.runtime import cache, cpu_compiler
+
+SOURCE = pathlib.Path(__file__).with_name("fusion_stitch_op.cc")
+BUILD_TIMEOUT_S = 600  # TF's headers are heavy: ~10 s normally, far more on a loaded box
+
+_lock = threading.Lock()
+_module: ModuleType | None = None
+_cdll: ctypes.CDLL | None = None
+
+
+def load() -> ModuleType:
+    """The op module (its `fusion_stitch` function); builds the library on first use.
+
+    Raises cpu_compiler.CompileError (or CompilerNotFound) if it cannot be built.
+    """
+    global _module, _cdll
+    with _lock:
+        if _module is None:
+            path = library_path()
+            module = tf.load_op_library(str(path))
+            # Same path, so dlopen returns the handle TF already holds.
+            cdll = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+            cdll.fs_register_kernel.argtypes = [ctypes.c_char_p] * 3
+            cdll.fs_register_kernel.restype = ctypes.c_int
+            cdll.fs_last_error.argtypes = []
+            cdll.fs_last_error.restype = ctypes.c_char_p
+            _module, _cdll = module, cdll
+        return _module
+
+
+def register_kernel(key: str, so_path: str | os.PathLike, spec: str) -> None:
+    """Makes the kernel in `so_path` (generated from `spec`) runnable by
+    FusionStitch nodes whose kernel_key is `key`. Idempotent per (key, spec)."""
+    load()
+    assert _cdll is not None
+    rc = _cdll.fs_register_kernel(key.encode("utf-8"), os.fsencode(so_path),
+                                  spec.encode("utf-8"))
+    if rc != 0:
+        # ctypes calls on this thread, and the error is thread-local in C++.
+        message = (_cdll.fs_last_error() or b"unknown error").decode("utf-8", "replace")
+        raise RuntimeError(f"cannot register FusionStitch kernel {key!r}: {message}")
+
+
+def library_path() -> pathlib.Path:
+    """The cached op library for this TensorFlow, built if needed."""
+    try:
+        source_text = SOURCE.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise cpu_compiler.CompileError(
+            f"the FusionStitch op source {SOURCE} is missing ({exc}); reinstall "
+            f"tf_fusionstitch (custom_ops/*.cc is package data)") from exc
+    compile_flags = list(tf.sysconfig.get_compile_flags())
+    link_flags = list(tf.sysconfig.get_link_flags())
+    flags = ["-std=c++17", "-shared", "-fPIC", "-O2", "-w", *compile_flags]
+    key = cache.content_key(
+        "fusion-stitch-op-v1", source_text, tf.__version__, tf.version.GIT_VERSION,
+        "\0".join(flags), "\0".join(link_flags), cpu_compiler.compiler_identity(),
+        platform.machine())
+
+    def build(out_path: pathlib.Path) -> None:
+        # Compile the text that was hashed, not whatever the file holds by now.
+        with tempfile.TemporaryDirectory(prefix="tf_fusionstitch-op-") as tmp:
+            src = pathlib.Path(tmp) / SOURCE.name
+            src.write_text(source_text, encoding="utf-8")
+            # Link flags after the source so -l:libtensorflow_framework.so.2 resolves.
+            cpu_compiler.run_compiler([*flags, str(src), *link_flags, "-o", str(out_path)],
+                                      timeout=BUILD_TIMEOUT_S,
+                                      what="the FusionStitch op library")
+
+    return cache.get_or_build(key, ".so", build)

@@ -1,0 +1,191 @@
+"""Compile generated C++ kernels into cached shared objects (TF-free).
+
+The compiler is `$CXX` (may carry arguments, e.g. "ccache g++") or `g++`.
+The cache key covers everything that changes the binary: source, flags, the
+compiler's full version and the host CPU's feature flags (because of
+-march=native), so a cache directory shared between machines is safe.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pathlib
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+from typing import Sequence
+
+from tf_fusionstitch.runtime import cache
+
+# Flags every kernel is built with. -ffp-contract=off keeps a*b+c as two
+# roundings, like TensorFlow's own kernels (numerics contract); -fwrapv makes
+# integer overflow wrap as in TF; -fvisibility=hidden keeps all but the ABI
+# symbols private (kernels mark fs_meta/fs_shape/fs_run visibility("default")).
+DEFAULT_FLAGS = (
+    "-std=c++17", "-O3", "-fPIC", "-shared", "-fopenmp-simd", "-ffp-contract=off",
+    "-fwrapv", "-fno-math-errno", "-fvisibility=hidden",
+)
+
+_STDERR_LINES = 30
+
+# Real compiler invocations made by compile_shared_object in this process
+# (cache hits do not count). Read by the optimize() report.
+compilations = 0
+_count_lock = threading.Lock()
+
+
+class CompileError(RuntimeError):
+    """The C++ compiler failed, timed out, or could not be run."""
+
+
+class CompilerNotFound(CompileError):
+    """No C++ compiler on PATH (or $CXX names one that does not exist)."""
+
+
+class CompileTimeout(CompileError):
+    """The compiler ran longer than the allowed time and was killed."""
+
+
+def compile_shared_object(source: str, *, extra_flags: Sequence[str] = (),
+                          timeout: float = 120) -> pathlib.Path:
+    """Path of a cached shared object built from C++ `source`.
+
+    Built at most once per (source, flags, compiler, CPU), across processes.
+    Raises CompilerNotFound, CompileTimeout or CompileError.
+    """
+    if isinstance(extra_flags, str):
+        raise TypeError(f"extra_flags must be a sequence of flags, not the string "
+                        f"{extra_flags!r}; write extra_flags=[{extra_flags!r}]")
+    command = compiler_command()
+    flags = [*DEFAULT_FLAGS, *host_arch_flags()]
+    extra = [str(flag) for flag in extra_flags]
+    key = cache.content_key("cpu-kernel-v1", source, "\0".join(flags + ["--"] + extra),
+                            compiler_identity(), cpu_fingerprint())
+
+    def build(out_path: pathlib.Path) -> None:
+        global compilations
+        with tempfile.TemporaryDirectory(prefix="tf_fusionstitch-src-") as tmp:
+            src = pathlib.Path(tmp) / "kernel.cc"
+            src.write_text(source, encoding="utf-8")
+            # Extra flags after the source, so libraries (-l...) link.
+            run_compiler([*flags, str(src), *extra, "-o", str(out_path)], timeout=timeout,
+                         what="a fused kernel", command=command)
+        with _count_lock:
+            compilations += 1
+
+    return cache.get_or_build(key, ".so", build)
+
+
+def compiler_command() -> list[str]:
+    """The compiler command line prefix: shlex-split $CXX, or ['g++']."""
+    raw = os.environ.get("CXX", "").strip()
+    command = shlex.split(raw) if raw else ["g++"]
+    if shutil.which(command[0]) is None:
+        source = f"$CXX={raw!r}" if raw else "'g++' (the default when $CXX is unset)"
+        raise CompilerNotFound(
+            f"no C++ compiler found: {source} is not an executable on PATH. "
+            f"Install one (e.g. `apt-get install g++`) or set the CXX environment "
+            f"variable to a C++17 compiler such as g++ or clang++.")
+    return command
+
+
+def compiler_identity() -> str:
+    """The compiler's full version text (part of every cache key)."""
+    return _identity(tuple(compiler_command()))
+
+
+def host_arch_flags() -> tuple[str, ...]:
+    """('-march=native',) when the compiler accepts it, else ()."""
+    return _arch_flags(tuple(compiler_command()))
+
+
+def cpu_fingerprint() -> str:
+    """The CPU feature flags line of /proc/cpuinfo, else the machine name."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                # x86 says "flags", aarch64 says "Features".
+                if name.strip() in ("flags", "Features"):
+                    return f"{platform.machine()}:{' '.join(sorted(value.split()))}"
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def run_compiler(args: Sequence[str], *, timeout: float, what: str = "C++ source",
+                 command: Sequence[str] | None = None) -> None:
+    """Runs `<compiler> args...`; raises CompileError (with stderr) unless it succeeds."""
+    command = list(command) if command is not None else compiler_command()
+    argv = [*command, *args]
+    try:
+        returncode, stderr = _run(argv, timeout)
+    except subprocess.TimeoutExpired:
+        raise CompileTimeout(
+            f"compiling {what} timed out after {timeout:g} s and was killed "
+            f"(command: {shlex.join(argv)}). The generated source may be too large; "
+            f"raise the timeout or check the machine's load.") from None
+    except OSError as exc:
+        raise CompileError(f"could not run the compiler {command[0]!r}: {exc}") from exc
+    if returncode != 0:
+        lines = stderr.splitlines()
+        shown = "\n".join(lines[:_STDERR_LINES])
+        more = f"\n... ({len(lines) - _STDERR_LINES} more lines)" if len(lines) > _STDERR_LINES else ""
+        raise CompileError(
+            f"compiling {what} failed: {command[0]} exited with status {returncode}\n"
+            f"command: {shlex.join(argv)}\n{shown or '(no compiler output)'}{more}")
+
+
+def _run(argv: Sequence[str], timeout: float) -> tuple[int, str]:
+    # Own process group, so a timeout also kills cc1plus/ld, not only the driver.
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        raise
+    return proc.returncode, stderr.decode("utf-8", errors="replace")
+
+
+@functools.lru_cache(maxsize=None)
+def _identity(command: tuple[str, ...]) -> str:
+    parts = []
+    for flag in ("-dumpfullversion", "--version"):
+        try:
+            code, out = _run_capture([*command, flag])
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if code == 0 and out.strip():
+            parts.append(out.strip())
+    # A compiler that answers neither still gets a stable key; compiling will
+    # then fail with its own message.
+    return "\n".join(parts) or f"unknown compiler {shlex.join(command)}"
+
+
+@functools.lru_cache(maxsize=None)
+def _arch_flags(command: tuple[str, ...]) -> tuple[str, ...]:
+    with tempfile.TemporaryDirectory(prefix="tf_fusionstitch-probe-") as tmp:
+        src = pathlib.Path(tmp) / "probe.cc"
+        src.write_text("int fs_probe(int x) { return x + 1; }\n", encoding="utf-8")
+        argv = [*command, "-march=native", "-c", str(src), "-o", str(pathlib.Path(tmp) / "probe.o")]
+        try:
+            code, _ = _run(argv, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return ()
+    return ("-march=native",) if code == 0 else ()
+
+
+def _run_capture(argv: Sequence[str]) -> tuple[int, str]:
+    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                          timeout=30, check=False)
+    return proc.returncode, proc.stdout.decode("utf-8", errors="replace")

@@ -1,0 +1,190 @@
+"""Run a generated CPU kernel (docs/KERNEL_ABI.md) on NumPy arrays (TF-free).
+
+This is the TF-free twin of the FusionStitch op's CPU path: same shape call,
+same buffer layout, same work-item loop. It lets the fusion IR, schedule and
+codegen be tested against NumPy without TensorFlow, and splitting the work
+over threads checks that work items really are independent.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import dataclasses
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+
+ABI_VERSION = 1
+_MAX_RANK = 254      # TensorFlow's limit
+_MAX_COUNT = 1 << 16  # sanity bound while reading fs_meta
+_ERR_LEN = 1024
+
+_I64P = ctypes.POINTER(ctypes.c_int64)
+
+
+class KernelLoadError(RuntimeError):
+    """The shared object is not a loadable kernel of this ABI."""
+
+
+class KernelShapeError(ValueError):
+    """The kernel's shape function rejected the inputs (or their ranks are wrong)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelMeta:
+    """fs_meta, decoded."""
+    abi_version: int
+    n_in: int
+    n_out: int
+    n_ext: int
+    in_ranks: tuple[int, ...]
+    out_ranks: tuple[int, ...]
+    forward: tuple[tuple[int, int], ...]  # (output index, input index) pairs
+
+
+def as_dtype(dtype) -> np.dtype:
+    """np.dtype for a dtype or name; 'bfloat16' is ml_dtypes.bfloat16 if present, else uint16 bits."""
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        try:
+            import ml_dtypes  # optional: ships with TensorFlow and JAX
+            return np.dtype(ml_dtypes.bfloat16)
+        except ImportError:
+            return np.dtype(np.uint16)
+    return np.dtype(dtype)
+
+
+class CpuKernel:
+    """A loaded kernel .so. `out_dtypes` gives the outputs' NumPy dtypes, since
+    fs_meta carries no dtypes; `in_dtypes`, when given, is checked on every run."""
+
+    def __init__(self, path: str | os.PathLike, out_dtypes: Sequence,
+                 in_dtypes: Optional[Sequence] = None):
+        self.path = os.fspath(path)
+        try:
+            self._lib = ctypes.CDLL(self.path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        except OSError as exc:
+            raise KernelLoadError(f"cannot load kernel {self.path}: {exc}") from exc
+        self.meta = _read_meta(self._lib, self.path)
+        self._shape = _symbol(self._lib, self.path, "fs_shape")
+        self._shape.restype = ctypes.c_int
+        self._shape.argtypes = [_I64P, _I64P, _I64P, _I64P, ctypes.c_char_p, ctypes.c_int64]
+        self._run = _symbol(self._lib, self.path, "fs_run")
+        self._run.restype = None
+        self._run.argtypes = [ctypes.c_int64, ctypes.c_int64, _I64P,
+                              ctypes.POINTER(ctypes.c_void_p)]
+        self.out_dtypes = tuple(as_dtype(d) for d in out_dtypes)
+        if len(self.out_dtypes) != self.meta.n_out:
+            raise ValueError(f"kernel {self.path} has {self.meta.n_out} outputs but "
+                             f"{len(self.out_dtypes)} output dtypes were given")
+        self.in_dtypes = None if in_dtypes is None else tuple(as_dtype(d) for d in in_dtypes)
+        if self.in_dtypes is not None and len(self.in_dtypes) != self.meta.n_in:
+            raise ValueError(f"kernel {self.path} has {self.meta.n_in} inputs but "
+                             f"{len(self.in_dtypes)} input dtypes were given")
+
+    def run(self, inputs: Sequence[np.ndarray], threads: int = 1) -> list[np.ndarray]:
+        """Outputs for `inputs`; work items are split over `threads` threads."""
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        arrays = self._check_inputs(inputs)
+        meta = self.meta
+        in_dims = _int64_array([d for a in arrays for d in a.shape])
+        out_dims = _int64_array([0] * sum(meta.out_ranks))
+        ext = _int64_array([0] * meta.n_ext)
+        work = _int64_array([0, 0])
+        err = ctypes.create_string_buffer(_ERR_LEN)
+        if self._shape(in_dims, out_dims, ext, work, err, _ERR_LEN) != 0:
+            message = err.value.decode("utf-8", errors="replace") or "(no message)"
+            raise KernelShapeError(message)
+
+        outputs, pos = [], 0
+        for rank, dtype in zip(meta.out_ranks, self.out_dtypes):
+            shape = tuple(out_dims[pos:pos + rank])
+            pos += rank
+            if any(d < 0 for d in shape):
+                raise KernelLoadError(f"kernel {self.path}: fs_shape returned a negative "
+                                      f"output extent {shape} (a code generation bug)")
+            outputs.append(np.empty(shape, dtype=dtype))
+
+        bufs = (ctypes.c_void_p * max(1, len(arrays) + len(outputs)))(
+            *[a.ctypes.data for a in (*arrays, *outputs)])
+        total = work[0]
+        if total < 0:
+            raise KernelLoadError(f"kernel {self.path}: fs_shape returned {total} work items")
+        if total > 0:
+            self._run_items(total, ext, bufs, threads)
+        return outputs
+
+    def _check_inputs(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        meta = self.meta
+        if len(inputs) != meta.n_in:
+            raise ValueError(f"kernel takes {meta.n_in} inputs, got {len(inputs)}")
+        arrays = []
+        for i, x in enumerate(inputs):
+            a = np.ascontiguousarray(x)  # the ABI wants dense row-major buffers
+            if self.in_dtypes is not None and a.dtype != self.in_dtypes[i]:
+                raise TypeError(f"input {i} has dtype {a.dtype}, the kernel takes "
+                                f"{self.in_dtypes[i]}")
+            if a.ndim != meta.in_ranks[i]:
+                raise KernelShapeError(f"input {i} has rank {a.ndim} (shape {a.shape}), "
+                                       f"the kernel takes rank {meta.in_ranks[i]}")
+            arrays.append(a)
+        return arrays
+
+    def _run_items(self, total: int, ext, bufs, threads: int) -> None:
+        if threads == 1:
+            self._run(0, total, ext, bufs)
+            return
+        # More chunks than threads, of uneven sizes: any partition must agree.
+        chunks = min(total, threads * 4)
+        bounds = [total * i // chunks for i in range(chunks + 1)]
+        # ctypes releases the GIL during the call, so chunks run in parallel.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
+            futures = [pool.submit(self._run, lo, hi, ext, bufs)
+                       for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+            for f in futures:
+                f.result()
+
+
+def _int64_array(values: Sequence[int]):
+    # Never zero-length, so the kernel always receives a valid pointer.
+    return (ctypes.c_int64 * max(1, len(values)))(*values)
+
+
+def _symbol(lib: ctypes.CDLL, path: str, name: str):
+    try:
+        return getattr(lib, name)
+    except AttributeError:
+        raise KernelLoadError(
+            f"kernel {path} does not export {name}; kernels are built with "
+            f"-fvisibility=hidden, so the ABI symbols need "
+            f'extern "C" __attribute__((visibility("default")))') from None
+
+
+def _read_meta(lib: ctypes.CDLL, path: str) -> KernelMeta:
+    _symbol(lib, path, "fs_meta")  # a clear error if it is missing
+    words = ctypes.cast(ctypes.addressof(ctypes.c_int64.in_dll(lib, "fs_meta")), _I64P)
+    # Read fs_meta front to back, checking each count before it sizes a read.
+    version = words[0]
+    if version != ABI_VERSION:
+        raise KernelLoadError(f"kernel {path} has ABI version {version}; this runtime "
+                              f"supports {ABI_VERSION}. Clear the cache and rebuild.")
+    n_in, n_out, n_ext = words[1], words[2], words[3]
+    for name, n, low in (("n_in", n_in, 0), ("n_out", n_out, 1), ("n_ext", n_ext, 0)):
+        if not low <= n <= _MAX_COUNT:
+            raise KernelLoadError(f"kernel {path}: fs_meta {name} = {n} is out of range")
+    ranks = [words[4 + i] for i in range(n_in + n_out)]
+    if any(not 0 <= r <= _MAX_RANK for r in ranks):
+        raise KernelLoadError(f"kernel {path}: fs_meta has an invalid rank in {ranks}")
+    at = 4 + n_in + n_out
+    n_fwd = words[at]
+    if not 0 <= n_fwd <= n_in * n_out:
+        raise KernelLoadError(f"kernel {path}: fs_meta n_fwd = {n_fwd} is out of range")
+    forward = tuple((words[at + 1 + 2 * k], words[at + 2 + 2 * k]) for k in range(n_fwd))
+    for out, inp in forward:
+        if not (0 <= out < n_out and 0 <= inp < n_in):
+            raise KernelLoadError(f"kernel {path}: fs_meta forward pair ({out}, {inp}) "
+                                  f"names no such output/input")
+    return KernelMeta(version, n_in, n_out, n_ext, tuple(ranks[:n_in]),
+                      tuple(ranks[n_in:]), forward)
