@@ -1,0 +1,100 @@
+"""Form clusters of fusible nodes: greedy producer-consumer merging.
+
+Legality of a merge, checked every time:
+- no cycle: no path leaves the merged set and comes back into it (data or
+  control edges), so the fused node can be scheduled;
+- the merged nodes lower to one valid cluster and the schedule accepts it
+  (one iteration space, one set of reduced axes, outputs that are written
+  once). A reduction therefore joins its broadcast consumers: a layernorm or
+  a softmax becomes one cluster.
+Stateful ops are never fusible, so their order is never changed.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Set
+
+from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch.rewriters import op_table
+from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
+from tf_fusionstitch.rewriters.lowering import lower_nodes
+from tf_fusionstitch.schedule import UnsupportedCluster, build_schedule
+
+_LOWERING_ERRORS = (op_table.NotFusible, ir.SpecError, UnsupportedCluster)
+
+
+def fusible_nodes(view: GraphView, fetches: Set[Tensor]) -> Dict[str, str]:
+    """Node -> '' if fusible alone, else the reason it stays a TF op (only for
+    ops in the op table; other ops are simply not candidates)."""
+    verdict: Dict[str, str] = {}
+    for name in view.order:
+        node = view.nodes[name]
+        rule = op_table.OP_TABLE.get(node.op)
+        if rule is None:
+            continue
+        if node.device and "CPU" not in node.device.upper():
+            verdict[name] = f"placed on {node.device}"
+            continue
+        extra_ports = [p for (n, p) in view.data_consumers if n == name and p > 0] \
+            if view.num_outputs[name] > 1 else []
+        if extra_ports or any(t[0] == name and t[1] > 0 for t in fetches):
+            verdict[name] = "an auxiliary output is used"
+            continue
+        try:
+            lowered = lower_nodes(view, [name], fetches)
+            build_schedule(lowered.cluster)
+            verdict[name] = ""
+        except _LOWERING_ERRORS as e:
+            verdict[name] = str(e)
+    return verdict
+
+
+def _creates_cycle(view: GraphView, members: Set[str]) -> bool:
+    limit = max(view.position[m] for m in members)
+    stack = [c for m in members for c in view.consumers[m] if c not in members]
+    seen = set()
+    while stack:
+        n = stack.pop()
+        if n in seen or view.position[n] > limit:
+            continue
+        seen.add(n)
+        for c in view.consumers[n]:
+            if c in members:
+                return True
+            stack.append(c)
+    return False
+
+
+def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
+                  accept: Callable[[List[str]], bool] = None) -> List[List[str]]:
+    """Greedy: visit edges in topological order of the consumer and merge the
+    two clusters whenever the result is legal."""
+    owner = {n: n for n in candidates}
+    members: Dict[str, List[str]] = {n: [n] for n in candidates}
+
+    def legal(nodes: List[str]) -> bool:
+        if _creates_cycle(view, set(nodes)):
+            return False
+        try:
+            build_schedule(lower_nodes(view, nodes, fetches).cluster)
+        except _LOWERING_ERRORS:
+            return False
+        return accept is None or accept(nodes)
+
+    for consumer in view.order:
+        if consumer not in candidates:
+            continue
+        for src, _ in view.data_inputs[consumer]:
+            if src not in candidates:
+                continue
+            a, b = owner[src], owner[consumer]
+            if a == b:
+                continue
+            merged = members[a] + members[b]
+            if not legal(merged):
+                continue
+            for n in members[b]:
+                owner[n] = a
+            members[a] = merged
+            del members[b]
+    return [sorted(m, key=view.position.get) for m in members.values()]

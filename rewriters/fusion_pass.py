@@ -1,0 +1,89 @@
+"""The fusion pass: GraphDef in, GraphDef with FusionStitch nodes out.
+
+Find fusible nodes (op table), form clusters (clustering.py), build one kernel
+per cluster, and substitute. Any cluster whose kernel cannot be generated,
+compiled or registered stays as TensorFlow ops; the reason goes to the report.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import time
+from typing import Callable, Dict, List, Set
+
+from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch.report import ClusterReport
+from tf_fusionstitch.rewriters import op_table
+from tf_fusionstitch.rewriters.clustering import fusible_nodes, form_clusters
+from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
+from tf_fusionstitch.rewriters.lowering import LoweredCluster, lower_nodes
+from tf_fusionstitch.rewriters.substitute import Replacement, substitute
+
+
+@dataclasses.dataclass
+class PassResult:
+    graph_def: object
+    tensor_map: Dict[Tensor, str]
+    clusters: List[ClusterReport]
+    kernels_before: int
+    kernels_after: int
+    compile_seconds: float
+    unfused_ops: list
+
+
+def _prims(c: ir.Cluster) -> int:
+    return sum(op.prim not in ir.SHAPE_ONLY + ir.CONSTANT for op in c.ops)
+
+
+def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
+                    build: Callable[[ir.Cluster], object],
+                    min_cluster_ops: int = 2) -> PassResult:
+    """`build(cluster)` returns an object with .key/.spec/.num_loops/.buffered
+    (kernels.CompiledKernel) after making it runnable, or raises."""
+    view = GraphView(graph_def, types)
+    verdict = fusible_nodes(view, fetches)
+    candidates = {n for n, why in verdict.items() if not why}
+    groups = form_clusters(view, candidates, fetches)
+    lowered: List[LoweredCluster] = []
+    for nodes in groups:
+        lc = lower_nodes(view, nodes, fetches)
+        if _prims(lc.cluster) >= min_cluster_ops:
+            lowered.append(lc)
+
+    start = time.perf_counter()
+    workers = max(1, min(len(lowered), os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        futures = [pool.submit(build, lc.cluster) for lc in lowered]
+        results = []
+        for f in futures:
+            try:
+                results.append((f.result(), None))
+            except Exception as e:  # any failure falls back to TF ops for that cluster
+                results.append((None, f"{type(e).__name__}: {e}"))
+    compile_seconds = time.perf_counter() - start
+
+    replacements, reports = [], []
+    for lc, (kernel, error) in zip(lowered, results):
+        tf_ops = [(n, view.nodes[n].op) for n in lc.nodes]
+        if kernel is None:
+            reports.append(ClusterReport(lc.nodes[0], tf_ops, False, reason=error))
+            continue
+        replacements.append(Replacement(lc, kernel.key, kernel.spec))
+        reports.append(ClusterReport("", tf_ops, True, kernel_key=kernel.key,
+                                     loops=kernel.num_loops, buffered=kernel.buffered))
+    new_gd, tensor_map = substitute(view, replacements)
+    fused_names = iter(n.name for n in new_gd.node if n.op == "FusionStitch")
+    for r in reports:
+        if r.fused:
+            r.name = next(fused_names)
+
+    before = sum(op_table.is_memory_intensive(n.op) for n in graph_def.node)
+    after = sum(op_table.is_memory_intensive(n.op) or n.op == "FusionStitch"
+                for n in new_gd.node)
+    fused = {n for lc, (k, _) in zip(lowered, results) if k is not None for n in lc.nodes}
+    unfused = [(n, view.nodes[n].op, why or "no profitable cluster")
+               for n, why in verdict.items()
+               if n not in fused and op_table.is_memory_intensive(view.nodes[n].op)]
+    return PassResult(new_gd, tensor_map, reports, before, after, compile_seconds, unfused)

@@ -1,0 +1,27 @@
+"""Run TensorFlow's own Grappler passes on a traced function's GraphDef."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2
+from tensorflow.python.grappler import tf_optimizer
+
+# TF's standard simplifications; none of them introduces ops outside the op
+# table's reach (the remapper would, so it is not listed).
+DEFAULT_PASSES = ("constfold", "arithmetic", "dependency")
+
+
+def run_grappler(graph_def, graph, fetches: Sequence[str], passes=DEFAULT_PASSES):
+    """`fetches` are the tensors and ops that must survive (outputs, side effects)."""
+    meta = tf.compat.v1.train.export_meta_graph(graph_def=graph_def, graph=graph)
+    keep = meta.collection_def["train_op"].node_list.value
+    for name in fetches:
+        keep.append(name)
+    config = config_pb2.ConfigProto()
+    rewrite = config.graph_options.rewrite_options
+    rewrite.optimizers.extend(passes)
+    rewrite.meta_optimizer_iterations = 1
+    rewrite.min_graph_nodes = -1  # also small graphs
+    return tf_optimizer.OptimizeGraph(config, meta)

@@ -1,0 +1,198 @@
+"""`optimize`: a tf.function in, the same function with fused kernels out.
+
+Each trace of the returned function traces the original (same input
+signature rules as tf.function), runs Grappler's standard passes and the
+fusion pass on its GraphDef, and imports the result into the new function's
+graph with the original arguments and captured variables mapped in. Variables
+are mapped by handle, so reads see later assignments and assignments still
+happen in their original order (the GraphDef keeps its control edges).
+Python runs only at trace time; each call runs one TensorFlow function.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import time
+import warnings
+from typing import Any, Dict, List, Optional
+
+import tensorflow as tf
+
+from tf_fusionstitch import kernels
+from tf_fusionstitch.report import Report
+from tf_fusionstitch.rewriters import grappler, shapes
+from tf_fusionstitch.rewriters.fusion_pass import run_fusion_pass
+from tf_fusionstitch.rewriters.graph_view import parse_input, tensor_name
+from tf_fusionstitch.runtime import cpu_compiler
+
+_OPTIONS = {
+    "min_cluster_ops": (int, 2, "smallest number of primitive ops worth a fused kernel"),
+    "grappler": (bool, True, "run TF's constant folding / arithmetic / dependency passes first"),
+    "compile_timeout": ((int, float), 120, "seconds one kernel compilation may take"),
+}
+
+
+class OptimizedFunction:
+    """Callable like the original; `.report()` and `.graph_def` show the rewrite."""
+
+    def __init__(self, fn, options: Dict[str, Any]):
+        self._original = fn
+        self._options = options
+        self._lock = threading.Lock()
+        self._reports: List[Report] = []
+        self._graph_def = None
+        if isinstance(fn, tf.types.experimental.ConcreteFunction):
+            arg_specs = fn.structured_input_signature[0]
+            signature = [s for s in tf.nest.flatten(arg_specs, expand_composites=True)
+                         if isinstance(s, tf.TensorSpec)]
+            self._python_fn = None
+            self._function = tf.function(self._trace_concrete, input_signature=signature,
+                                         autograph=False)
+            name = getattr(fn, "name", "concrete_function")
+        else:
+            self._python_fn = fn.python_function
+            self._function = tf.function(self._trace, input_signature=fn.input_signature,
+                                         autograph=False)
+            name = getattr(fn, "__name__", "function")
+            functools.update_wrapper(self, fn.python_function)
+        self._name = name if isinstance(name, str) else name.decode()
+
+    def __call__(self, *args, **kwargs):
+        return self._function(*args, **kwargs)
+
+    def get_concrete_function(self, *args, **kwargs):
+        return self._function.get_concrete_function(*args, **kwargs)
+
+    @property
+    def graph_def(self):
+        """The optimized GraphDef of the latest trace (None before the first call)."""
+        return self._graph_def
+
+    def report(self) -> Optional[Report]:
+        """The latest trace's report (print it); `reports()` gives every trace's."""
+        return self._reports[-1] if self._reports else None
+
+    def reports(self) -> List[Report]:
+        return list(self._reports)
+
+    # -- tracing -----------------------------------------------------------
+    def _trace(self, *args, **kwargs):
+        concrete = self._original.get_concrete_function(*args, **kwargs)
+        bound = inspect.signature(self._python_fn).bind(*args, **kwargs)
+        bound.apply_defaults()
+        leaves = tf.nest.flatten(list(bound.arguments.values()), expand_composites=True)
+        return self._run_rewritten(concrete, leaves)
+
+    def _trace_concrete(self, *flat_args):
+        return self._run_rewritten(self._original, list(flat_args))
+
+    def _run_rewritten(self, concrete, leaves):
+        feeds = [x.handle if isinstance(x, tf.Variable) else x
+                 for x in leaves if isinstance(x, (tf.Tensor, tf.Variable))]
+        graph = concrete.graph
+        n_args = len(graph.inputs) - len(concrete.captured_inputs)
+        if len(feeds) != n_args:
+            return self._fallback(concrete, feeds, "could not match the call's arguments "
+                                  f"({len(feeds)}) to the traced inputs ({n_args})")
+        rewritten, output_names, report = self._rewrite(concrete)
+        with self._lock:
+            self._reports.append(report)
+            self._graph_def = rewritten
+        input_map = {t.name: f for t, f in zip(graph.inputs[:n_args], feeds)}
+        for placeholder, captured in zip(graph.inputs[n_args:], concrete.captured_inputs):
+            input_map[placeholder.name] = tf.identity(captured)
+        results = tf.graph_util.import_graph_def(
+            rewritten, input_map=input_map, return_elements=output_names, name="fs")
+        flat, it = [], iter(results)
+        for leaf in tf.nest.flatten(concrete.structured_outputs, expand_composites=True):
+            flat.append(next(it) if isinstance(leaf, tf.Tensor) else leaf)
+        return tf.nest.pack_sequence_as(concrete.structured_outputs, flat,
+                                        expand_composites=True)
+
+    def _fallback(self, concrete, feeds, reason):
+        warnings.warn(f"tf_fusionstitch: {self._name} runs unoptimized: {reason}",
+                      RuntimeWarning, stacklevel=3)
+        return concrete(*feeds)
+
+    def _rewrite(self, concrete):
+        start = time.perf_counter()
+        compilations = cpu_compiler.compilations
+        graph = concrete.graph
+        graph_def = graph.as_graph_def()
+        outputs = [t.name for t in concrete.outputs]
+        control = [op.name for op in graph.control_outputs]
+        if self._options["grappler"]:
+            graph_def = grappler.run_grappler(graph_def, graph, outputs + control)
+        hints = {t.name: tf.TensorSpec(t.shape, t.dtype)
+                 for op in graph.get_operations() for t in op.outputs}
+        types = shapes.infer_types(graph_def, hints)
+        fetches = set()
+        for name in outputs:
+            src, port, _ = parse_input(name)
+            fetches.add((src, port))
+        result = run_fusion_pass(graph_def, types, fetches, self._build,
+                                 self._options["min_cluster_ops"])
+        output_names = []
+        for name in outputs:
+            src, port, _ = parse_input(name)
+            mapped = result.tensor_map.get((src, port), tensor_name((src, port)))
+            output_names.append(mapped if ":" in mapped else mapped + ":0")
+        report = Report(
+            function=self._name, signature=_signature_text(concrete),
+            clusters=result.clusters, kernels_before=result.kernels_before,
+            kernels_after=result.kernels_after, compile_seconds=result.compile_seconds,
+            compilations=cpu_compiler.compilations - compilations,
+            rewrite_seconds=time.perf_counter() - start, unfused_ops=result.unfused_ops)
+        if report.fallbacks:
+            first = report.fallbacks[0]
+            warnings.warn(f"tf_fusionstitch: {len(report.fallbacks)} cluster(s) of "
+                          f"{self._name} stay as TensorFlow ops (first: {first.reason}); "
+                          "see .report()", RuntimeWarning, stacklevel=4)
+        return result.graph_def, output_names, report
+
+    def _build(self, cluster):
+        from tf_fusionstitch.custom_ops import loader  # builds the op library once
+        kernel = kernels.build_cpu_kernel(cluster, timeout=self._options["compile_timeout"])
+        loader.register_kernel(kernel.key, kernel.path, kernel.spec)
+        return kernel
+
+
+def _signature_text(concrete) -> str:
+    specs = [f"{t.dtype.name}{t.shape}" for t in concrete.graph.inputs
+             if t.dtype != tf.resource]
+    return "(" + ", ".join(specs) + ")"
+
+
+def optimize(fn, **options) -> OptimizedFunction:
+    """Returns `fn` with its memory-intensive ops fused into generated kernels.
+
+    `fn` is a `tf.function` (with or without an input signature) or a
+    ConcreteFunction. Options: min_cluster_ops (int, default 2), grappler
+    (bool, default True), compile_timeout (seconds, default 120).
+    """
+    if not isinstance(fn, (tf.types.experimental.GenericFunction,
+                           tf.types.experimental.ConcreteFunction)):
+        hint = (" Wrap it first: tf_fusionstitch.optimize(tf.function(f))."
+                if callable(fn) else "")
+        raise TypeError(f"optimize() takes a tf.function or a ConcreteFunction, got "
+                        f"{type(fn).__name__}.{hint}")
+    if getattr(fn, "_jit_compile", None):
+        raise ValueError("optimize() got a tf.function with jit_compile=True; XLA would "
+                         "compile it as a whole. Pass the function without jit_compile.")
+    resolved = {}
+    for key, value in options.items():
+        if key not in _OPTIONS:
+            known = ", ".join(sorted(_OPTIONS))
+            raise TypeError(f"optimize() got an unknown option {key!r}; options are: {known}")
+        types, _, what = _OPTIONS[key]
+        if not isinstance(value, types) or isinstance(value, bool) != (types is bool):
+            raise TypeError(f"optimize() option {key}={value!r}: expected {what} "
+                            f"({getattr(types, '__name__', types)})")
+        resolved[key] = value
+    for key, (_, default, _) in _OPTIONS.items():
+        resolved.setdefault(key, default)
+    if resolved["min_cluster_ops"] < 1:
+        raise ValueError("optimize() option min_cluster_ops must be at least 1")
+    return OptimizedFunction(fn, resolved)
