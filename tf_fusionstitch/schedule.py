@@ -56,6 +56,7 @@ class Schedule:
     buffered: frozenset               # col values kept in a per-row buffer
     tiled: bool                       # no reductions: the col group is chunked
     reductions: frozenset             # reduce ops that really reduce (col -> row)
+    hoisted: frozenset                # col values independent of the row: computed once per call
     forward: List[Tuple[int, int]]    # (output index, input index) buffer reuse allowed
 
     def axes_of(self, value: str) -> frozenset:
@@ -241,10 +242,11 @@ def build_schedule(cluster: ir.Cluster) -> Schedule:
     # A reduce over size-1 dimensions only is elementwise (an identity).
     reductions = frozenset(name for name, cs in reduced_classes.items() if cs)
     phase, num_loops = _assign_phases(cluster, is_col, reductions)
-    buffered = _choose_buffers(cluster, is_col, phase, reductions)
+    hoisted = _hoistable(cluster, axes_of, frozenset(range(n)) - col_axes, is_col, reductions)
+    buffered = _choose_buffers(cluster, is_col, phase, reductions) - hoisted
     forward = _forwardable(cluster, types, axes_of, is_col, phase, num_loops, n)
     return Schedule(cluster, n, static_extent, col_axes, groups, dim_axes, is_col, phase,
-                    num_loops, buffered, tiled, reductions, forward)
+                    num_loops, buffered, tiled, reductions, hoisted, forward)
 
 
 def _coalesce(cluster, dim_axes, order, col_axes) -> List[AxisGroup]:
@@ -279,6 +281,28 @@ def _assign_phases(cluster: ir.Cluster, is_col: Dict[str, bool],
             if is_col[op.name]:
                 num_loops = max(num_loops, phase[op.name] + 1)
     return phase, max(num_loops, 1)
+
+
+def _hoistable(cluster, axes_of, row_axes, is_col, reductions) -> frozenset:
+    """Col values that vary along no row axis and depend on no row value (a
+    batch norm's scale * rsqrt(var + eps), say): computed once per call into a
+    column buffer instead of once per element."""
+    if not row_axes:
+        return frozenset()
+    ops = cluster.op_by_name()
+    inputs = {n for n, _ in cluster.inputs}
+    free = set()  # values with no row dependence
+    for op in cluster.ops:
+        if op.name in reductions or axes_of[op.name] & row_axes:
+            continue
+        if all(i in free or (i in inputs and not axes_of[i] & row_axes) for i in op.inputs):
+            free.add(op.name)
+    consumers_outside = set()
+    for op in cluster.ops:
+        if op.name not in free:
+            consumers_outside.update(i for i in op.inputs if i in free)
+    # Keep the frontier that the row loops read, when it varies along the columns.
+    return frozenset(v for v in consumers_outside if is_col[v] and ops[v].prim != "const")
 
 
 def _choose_buffers(cluster, is_col, phase, reductions) -> frozenset:

@@ -40,10 +40,13 @@ class Store:
     dtype: str
 
 
+# Column buffers: pool "b" holds a row's values across loops, pool "h" the
+# hoisted values computed once per call; both are indexed by the column.
 @dataclasses.dataclass(frozen=True)
 class BufStore:
     src: str
     dtype: str
+    pool: str = "b"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +54,7 @@ class BufLoad:
     dst: str
     src: str             # the buffered value's name (one buffer per value)
     dtype: str
+    pool: str = "b"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +93,8 @@ class Kernel:
     loops: List[list]              # statements per column loop
     accumulators: List[list]       # per loop: Accumulate statements it owns
     buffers: Dict[str, str]        # buffered value -> dtype
+    hoisted: Dict[str, str]        # hoisted value -> dtype
+    prelude: list                  # column loop run once per call for the hoisted values
     reduce_axes: tuple             # iteration axes reduced (for mean's count)
 
 
@@ -117,18 +123,21 @@ def lower(s: Schedule) -> Kernel:
         if not s.is_col[name]:
             segments[0].append(Load(_v(name), input_index[name], t.dtype))
 
-    # Per loop: which col values are already defined in that loop's body.
-    defined: List[set] = [set() for _ in range(n_loops)]
+    # Per loop: which col values are already defined in that loop's body;
+    # index n_loops is the prelude that computes the hoisted values.
+    defined: List[set] = [set() for _ in range(n_loops + 1)]
+    prelude: list = []
 
     def emit_col(value: str, k: int) -> str:
         """Make `value` available inside loop k; returns its C++ name."""
-        if not s.is_col[value]:
-            return _v(value)
-        if value in defined[k]:
-            return _v(value)
-        body = loops[k]
+        in_prelude = k == n_loops
+        if value in defined[k] or (not s.is_col[value] and not in_prelude):
+            return _v(value)  # row values are defined in the row segments
+        body = prelude if in_prelude else loops[k]
         if value in input_index:
             body.append(Load(_v(value), input_index[value], types[value].dtype))
+        elif value in s.hoisted and not in_prelude:
+            body.append(BufLoad(_v(value), _v(value), types[value].dtype, "h"))
         elif value in s.buffered and s.phase[value] < k:
             body.append(BufLoad(_v(value), _v(value), types[value].dtype))
         else:
@@ -138,6 +147,10 @@ def lower(s: Schedule) -> Kernel:
         defined[k].add(value)
         return _v(value)
 
+    for v in sorted(s.hoisted, key=list(ops).index):
+        emit_col(v, n_loops)
+        prelude.append(BufStore(_v(v), types[v].dtype, "h"))
+
     outputs = {o: len(c.inputs) + j for j, o in enumerate(c.outputs)}
     for op in c.ops:
         if op.name in s.reductions:
@@ -145,6 +158,8 @@ def lower(s: Schedule) -> Kernel:
             src = emit_col(op.inputs[0], k)
             accs[k].append(Accumulate(_v(op.name), op.prim, src, op.type.dtype))
             segments[k + 1].append(Finish(_v(op.name), op.prim, op.type.dtype))
+        elif op.name in s.hoisted:
+            pass  # computed in the prelude; loops read it where they need it
         elif s.is_col[op.name]:
             k = s.phase[op.name]
             emit_col(op.name, k)
@@ -167,6 +182,7 @@ def lower(s: Schedule) -> Kernel:
         group_extents=[g.axes for g in s.groups], col_groups=col_groups,
         row_groups=row_groups, tiled=s.tiled, segments=segments, loops=loops,
         accumulators=accs, buffers={_v(b): types[b].dtype for b in sorted(s.buffered)},
+        hoisted={_v(h): types[h].dtype for h in sorted(s.hoisted)}, prelude=prelude,
         reduce_axes=tuple(sorted(s.col_axes)) if not s.tiled else ())
 
 

@@ -237,9 +237,9 @@ class _Printer:
             self.emit(f"t{st.tensor}[{self.index(st.tensor, in_loop)}] = "
                       f"{self.store_value(st.src, st.dtype)};", indent)
         elif isinstance(st, k.BufStore):
-            self.emit(f"b_{st.src}[cl] = {st.src};", indent)
+            self.emit(f"{st.pool}_{st.src}[cl] = {st.src};", indent)
         elif isinstance(st, k.BufLoad):
-            self.emit(f"const {COMPUTE[st.dtype]} {st.dst} = b_{st.src}[cl];", indent)
+            self.emit(f"const {COMPUTE[st.dtype]} {st.dst} = {st.pool}_{st.src}[cl];", indent)
         elif isinstance(st, k.Finish):
             self.finish(st, indent)
         else:
@@ -300,8 +300,14 @@ class _Printer:
         e(f"const int64_t n_cols = {cols}; (void)n_cols;", 1)
         if kr.tiled and kr.col_groups:
             e(f"const int64_t n_tiles = (n_cols + {TILE} - 1) / {TILE};", 1)
-        for b, dtype in kr.buffers.items():
-            e(f"{COMPUTE[dtype]}* b_{b} = new {COMPUTE[dtype]}[n_cols > 0 ? n_cols : 1];", 1)
+        for pool, bufs in (("b", kr.buffers), ("h", kr.hoisted)):
+            for b, dtype in bufs.items():
+                e(f"{COMPUTE[dtype]}* {pool}_{b} = new {COMPUTE[dtype]}[n_cols > 0 ? n_cols : 1];",
+                  1)
+        if kr.prelude:  # hoisted values: once per call, not per row; no row offsets
+            for i in range(len(kr.tensors)):
+                e(f"const int64_t o{i} = 0;", 1)
+            self.loop(kr.prelude, [], 1, False)
         e("for (int64_t item = begin; item < end; ++item) {", 1)
         e("int64_t r = item;", 2)
         if kr.tiled and kr.col_groups:
@@ -311,21 +317,22 @@ class _Printer:
         e("(void)r;", 2)
         for i, tn in enumerate(kr.tensors):
             terms = [f"i{g} * s{i}_{g}" for g in tn.groups if g in kr.row_groups]
-            e(f"const int64_t o{i} = " + (" + ".join(terms) or "0") + ";", 2)
+            e(f"const int64_t o{i} = " + (" + ".join(terms) or "0") + f"; (void)o{i};", 2)
         for seg in range(len(kr.segments)):
             for st in kr.segments[seg]:
                 self.stmt(st, 2, False)
             if seg < len(kr.loops):
-                self.loop(seg, 2)
+                self.loop(kr.loops[seg], kr.accumulators[seg], 2, kr.tiled)
         e("}", 1)
-        for b in kr.buffers:
-            e(f"delete[] b_{b};", 1)
+        for pool, bufs in (("b", kr.buffers), ("h", kr.hoisted)):
+            for b in bufs:
+                e(f"delete[] {pool}_{b};", 1)
         e("}", 0)
         return "\n".join(self.lines)
 
-    def loop(self, idx: int, indent: int) -> None:
+    def loop(self, stmts: list, accs: list, indent: int, tiled: bool) -> None:
+        """One column loop over `stmts`; `tiled` limits it to the item's tile."""
         kr = self.k
-        accs = kr.accumulators[idx]
         e = self.emit
         for a in accs:  # outside the loop's scope: the row segment after it reads them
             self.init_acc(a, indent)
@@ -334,7 +341,7 @@ class _Printer:
         groups = kr.col_groups
         if not groups:  # a single column: the body runs once
             e("const int64_t cl = 0; (void)cl;", indent)
-            self.body(idx, accs, indent)
+            self.body(stmts, accs, indent)
             e("}", indent - 1)
             return
         # cl: the column's linear index within the row (buffers are indexed by it).
@@ -342,7 +349,7 @@ class _Printer:
         for n, g in enumerate(groups):
             innermost = n == len(groups) - 1
             lo, hi = "0", f"g{g}"
-            if innermost and kr.tiled:
+            if innermost and tiled:
                 lo = f"tile * {TILE}"
                 hi = f"(g{g} - {lo} < {TILE} ? g{g} : {lo} + {TILE})"
             if innermost:
@@ -354,14 +361,14 @@ class _Printer:
                 e(f"const int64_t q{g} = ({prev} + c{g}) * g{groups[n + 1]};", indent)
                 prev = f"q{g}"
         e(f"const int64_t cl = {prev} + c{groups[-1]}; (void)cl;", indent)
-        self.body(idx, accs, indent)
+        self.body(stmts, accs, indent)
         for _ in groups:
             indent -= 1
             e("}", indent)
         e("}", indent - 1)
 
-    def body(self, idx: int, accs, indent: int) -> None:
-        for st in self.k.loops[idx]:
+    def body(self, stmts: list, accs, indent: int) -> None:
+        for st in stmts:
             self.stmt(st, indent, True)
         for a in accs:
             _, update, _ = _REDUCE[a.kind]

@@ -62,10 +62,10 @@ def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str) -> str:
         exp = ", ".join(f"(long long){w}" for w in want)
         lines += [
             f"  if ({cond}) {{",
-            f'    std::snprintf(msg, sizeof msg, "FusionStitch: input {i} ({name}) has shape '
-            f'[{shown}] but the fused kernel expects [{shown}] (the graph was optimized for '
-            f'shapes that broadcast this way; a dimension unknown at optimization time that '
-            f'broadcasts at run time is not supported)", {got}, {exp});',
+            f'    std::snprintf(msg, sizeof msg, "Incompatible shapes: FusionStitch input {i} '
+            f'({name}) has shape [{shown}] where [{shown}] is required (dimensions that '
+            f'broadcasting ties together must agree; a dimension unknown when the function '
+            f'was optimized may not broadcast at run time)", {got}, {exp});',
             "    return fs_fail(err, errlen, msg);",
             "  }",
         ]
