@@ -1,0 +1,201 @@
+"""The TF-free core on its own: fusion IR -> schedule -> C++ -> run with NumPy.
+
+No TensorFlow here: these are the checks that run where only numpy and a C++
+compiler exist, against NumPy references on fresh random inputs.
+"""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch.kernels import build_cpu_kernel
+from tf_fusionstitch.runtime.cpu_kernel import CpuKernel, KernelShapeError, as_dtype
+from tf_fusionstitch.schedule import UnsupportedCluster, build_schedule
+
+T, op = ir.TensorType, ir.make_op
+N = None
+RNG = np.random.default_rng(1234)
+
+
+def run(cluster, inputs, threads=2):
+    kernel = build_cpu_kernel(cluster)
+    types = cluster.types()
+    runner = CpuKernel(kernel.path, [as_dtype(types[o].dtype) for o in cluster.outputs])
+    return runner.run(inputs, threads=threads), kernel
+
+
+def layernorm_cluster(width):
+    row = T("float32", (N, 1))
+    full = T("float32", (N, width))
+    return ir.Cluster(
+        (("x", full), ("g", T("float32", (width,))), ("b", T("float32", (width,)))),
+        (op("mean", "reduce_mean", ["x"], row, axes=[1], keep_dims=True),
+         op("d", "sub", ["x", "mean"], full),
+         op("sq", "square", ["d"], full),
+         op("var", "reduce_mean", ["sq"], row, axes=[1], keep_dims=True),
+         op("eps", "const", [], T("float32", ()), value=1e-5),
+         op("ve", "add", ["var", "eps"], row),
+         op("rs", "rsqrt", ["ve"], row),
+         op("n", "mul", ["d", "rs"], full),
+         op("s", "mul", ["n", "g"], full),
+         op("y", "add", ["s", "b"], full)),
+        ("y", "mean"))
+
+
+def test_layernorm_is_one_kernel_with_three_loops_and_matches_numpy():
+    c = layernorm_cluster(96)
+    x = RNG.standard_normal((37, 96), dtype=np.float32)
+    g = RNG.standard_normal(96, dtype=np.float32)
+    b = RNG.standard_normal(96, dtype=np.float32)
+    (y, mean), kernel = run(c, [x, g, b])
+    mu = x.mean(1, keepdims=True)
+    ref = (x - mu) / np.sqrt(((x - mu) ** 2).mean(1, keepdims=True) + 1e-5) * g + b
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(mean, mu, rtol=1e-5, atol=1e-6)
+    assert kernel.num_loops == 3
+    # Batch size is a run-time extent: a new size runs the same shared object.
+    (y2, _), kernel2 = run(c, [x[:5], g, b])
+    assert kernel2.path == kernel.path and y2.shape == (5, 96)
+
+
+def test_softmax_buffers_the_exponentials_and_propagates_nan():
+    s = (N, 5, 33)
+    kept = T("float32", (N, 5, 1))
+    c = ir.Cluster((("x", T("float32", s)),), (
+        op("m", "reduce_max", ["x"], kept, axes=[-1], keep_dims=True),
+        op("d", "sub", ["x", "m"], T("float32", s)),
+        op("e", "exp", ["d"], T("float32", s)),
+        op("z", "reduce_sum", ["e"], kept, axes=[2], keep_dims=True),
+        op("y", "div", ["e", "z"], T("float32", s))), ("y",))
+    x = RNG.standard_normal((7, 5, 33), dtype=np.float32) * 4
+    x[0, 0, 3] = np.nan
+    (y,), kernel = run(c, [x])
+    e = np.exp(x - x.max(-1, keepdims=True))
+    ref = e / e.sum(-1, keepdims=True)
+    assert np.isnan(y[0, 0]).all()
+    mask = ~np.isnan(ref)
+    np.testing.assert_allclose(y[mask], ref[mask], rtol=2e-6, atol=1e-7)
+    assert kernel.buffered == ("e",)
+
+
+def test_reduction_over_leading_and_interleaved_axes():
+    c = ir.Cluster((("x", T("float64", (4, N, 6))),), (
+        op("mx", "reduce_max", ["x"], T("float64", (N,)), axes=[0, 2], keep_dims=False),
+        op("sq", "mul", ["x", "x"], T("float64", (4, N, 6))),
+        op("ss", "reduce_sum", ["sq"], T("float64", (N,)), axes=[0, 2], keep_dims=False),
+        op("w", "add", ["mx", "ss"], T("float64", (N,)))), ("w",))
+    x = RNG.standard_normal((4, 9, 6))
+    (w,), _ = run(c, [x])
+    np.testing.assert_allclose(w, x.max((0, 2)) + (x * x).sum((0, 2)), rtol=1e-12)
+    (w0,), _ = run(c, [x[:, :0]])   # empty run-time extent
+    assert w0.shape == (0,)
+
+
+def test_elementwise_broadcast_tiles_and_forwards():
+    c = ir.Cluster((("a", T("float32", (N, 1))), ("b", T("float32", (1, 10000)))), (
+        op("p", "mul", ["a", "b"], T("float32", (N, 10000))),
+        op("z", "const", [], T("float32", ()), value=0.0),
+        op("c", "greater", ["p", "z"], T("bool", (N, 10000))),
+        op("y", "select", ["c", "p", "z"], T("float32", (N, 10000))),
+        op("yi", "cast", ["y"], T("int32", (N, 10000)))), ("y", "c", "yi"))
+    a = RNG.standard_normal((3, 1), dtype=np.float32) * 5
+    b = RNG.standard_normal((1, 10000), dtype=np.float32)
+    (y, cond, yi), kernel = run(c, [a, b], threads=3)
+    np.testing.assert_array_equal(y, np.maximum(a * b, 0))
+    np.testing.assert_array_equal(cond, a * b > 0)
+    np.testing.assert_array_equal(yi, np.maximum(a * b, 0).astype(np.int32))
+    assert build_schedule(c).tiled
+
+
+def test_hoists_per_channel_values_out_of_the_row_loop():
+    s, p = (N, 5, 6, 16), (16,)
+    c = ir.Cluster((("x", T("float32", s)), ("scale", T("float32", p)), ("var", T("float32", p))), (
+        op("eps", "const", [], T("float32", ()), value=1e-3),
+        op("ve", "add", ["var", "eps"], T("float32", p)),
+        op("rs", "rsqrt", ["ve"], T("float32", p)),
+        op("f", "mul", ["scale", "rs"], T("float32", p)),
+        op("y", "mul", ["x", "f"], T("float32", s))), ("y",))
+    x = RNG.standard_normal((3, 5, 6, 16), dtype=np.float32)
+    scale = RNG.standard_normal(16, dtype=np.float32)
+    var = np.abs(RNG.standard_normal(16, dtype=np.float32))
+    (y,), _ = run(c, [x, scale, var])
+    np.testing.assert_allclose(y, x * (scale / np.sqrt(var + 1e-3)), rtol=2e-6)
+    assert build_schedule(c).hoisted == frozenset({"f"})
+
+
+@pytest.mark.parametrize("dtype,np_dtype", [("float16", np.float16), ("bfloat16", None)])
+def test_half_types_load_and_store_in_their_type_and_compute_in_float32(dtype, np_dtype):
+    np_dtype = np_dtype or as_dtype("bfloat16")
+    c = ir.Cluster((("x", T(dtype, (N, 300))),), (
+        op("m", "reduce_mean", ["x"], T(dtype, (N, 1)), axes=[1], keep_dims=True),
+        op("y", "sub", ["x", "m"], T(dtype, (N, 300)))), ("y",))
+    x = RNG.standard_normal((6, 300)).astype(np_dtype)
+    (y,), _ = run(c, [x])
+    xf = x.astype(np.float32)
+    ref = (xf - xf.mean(1, keepdims=True)).astype(np_dtype).astype(np.float32)
+    np.testing.assert_allclose(y.astype(np.float32), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_integer_and_boolean_reductions_are_exact():
+    c = ir.Cluster((("x", T("int32", (N, 7))),), (
+        op("mean", "reduce_mean", ["x"], T("int32", (N,)), axes=[1], keep_dims=False),
+        op("z", "const", [], T("int32", ()), value=0),
+        op("pos", "greater", ["x", "z"], T("bool", (N, 7))),
+        op("all", "reduce_all", ["pos"], T("bool", (N,)), axes=[1], keep_dims=False),
+        op("any", "reduce_any", ["pos"], T("bool", (N,)), axes=[1], keep_dims=False)),
+        ("mean", "all", "any"))
+    x = RNG.integers(-50, 100, (9, 7)).astype(np.int32)
+    x[0] = np.abs(x[0]) + 1
+    (mean, all_, any_), _ = run(c, [x])
+    np.testing.assert_array_equal(mean, np.trunc(x.sum(1) / 7).astype(np.int32))
+    np.testing.assert_array_equal(all_, (x > 0).all(1))
+    np.testing.assert_array_equal(any_, (x > 0).any(1))
+
+
+def test_shape_function_rejects_inputs_that_do_not_broadcast_as_traced():
+    c = layernorm_cluster(8)
+    x = RNG.standard_normal((3, 8), dtype=np.float32)
+    with pytest.raises(KernelShapeError, match=r"input 1 \(g\) has shape \[9\]"):
+        run(c, [x, np.ones(9, np.float32), np.ones(8, np.float32)])
+
+
+def test_json_round_trip_is_canonical():
+    c = layernorm_cluster(64)
+    text = c.to_json()
+    assert ir.Cluster.from_json(text) == c
+    assert ir.Cluster.from_json(text).to_json() == text
+
+
+def _edited(cluster, edit):
+    obj = json.loads(cluster.to_json())
+    edit(obj)
+    return json.dumps(obj)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda o: o["ops"][0]["attrs"].update(axes=[7]), "out of range"),
+    (lambda o: o["ops"][1].update(prim="system"), "unknown primitive"),
+    (lambda o: o["ops"][1].update(name='x"); system("rm -rf /'), "not an identifier"),
+    (lambda o: o["inputs"][0].update(name="in put"), "not an identifier"),
+    (lambda o: o["ops"][2]["type"].update(shape=[None, 5]), "declared"),
+    (lambda o: o["ops"][2]["type"].update(dtype="string"), "unsupported dtype"),
+    (lambda o: o["ops"][1].update(inputs=["x", "later"]), "not defined before"),
+    (lambda o: o["ops"][4]["attrs"].update(value="__import__('os')"), "constant value"),
+    (lambda o: o.update(outputs=["x"]), "not a value computed"),
+    (lambda o: o.update(extra=1), "unexpected keys"),
+])
+def test_edited_specs_are_rejected_before_any_code_is_generated(edit, message):
+    with pytest.raises(ir.SpecError, match=message):
+        ir.Cluster.from_json(_edited(layernorm_cluster(64), edit))
+
+
+def test_schedule_refuses_reductions_over_different_axes():
+    c = ir.Cluster((("x", T("float32", (N, 8))),), (
+        op("a", "reduce_sum", ["x"], T("float32", (N,)), axes=[1], keep_dims=False),
+        op("b", "reduce_sum", ["x"], T("float32", (8,)), axes=[0], keep_dims=False)),
+        ("a", "b"))
+    with pytest.raises(UnsupportedCluster, match="different axes"):
+        build_schedule(c)
