@@ -36,7 +36,7 @@
 namespace tensorflow {
 namespace fusion_stitch {
 
-constexpr int64_t kAbiVersion = 1;
+constexpr int64_t kAbiVersion = 2;
 constexpr int64_t kMaxCount = int64_t{1} << 16;  // sanity bound for fs_meta counts
 constexpr int64_t kMaxRank = 254;                // TensorShape's limit
 constexpr int64_t kErrLen = 1024;
@@ -58,6 +58,8 @@ struct LoadedKernel {
   int n_ext = 0;
   std::vector<int> in_ranks;
   std::vector<int> out_ranks;
+  std::vector<DataType> in_dtypes;   // the dtypes the kernel was generated for
+  std::vector<DataType> out_dtypes;
   std::vector<std::vector<int>> forward_candidates;  // per output: input indices
 };
 
@@ -79,6 +81,16 @@ std::shared_ptr<const LoadedKernel> Lookup(const std::string& key) {
   std::lock_guard<std::mutex> lock(registry_mu);
   auto it = Registry().find(key);
   return it == Registry().end() ? nullptr : it->second;
+}
+
+bool SupportedDtype(DataType t) {
+  switch (t) {
+    case DT_FLOAT: case DT_DOUBLE: case DT_HALF: case DT_BFLOAT16:
+    case DT_INT32: case DT_INT64: case DT_BOOL:
+      return true;
+    default:
+      return false;
+  }
 }
 
 // Decodes fs_meta, checking each count before it sizes a read.
@@ -107,7 +119,20 @@ bool DecodeMeta(const int64_t* meta, LoadedKernel* k, std::string* error) {
     }
     (i < n_in ? k->in_ranks : k->out_ranks).push_back(static_cast<int>(rank));
   }
-  const int64_t at = 4 + n_in + n_out;
+  // Dtype codes are DataType enum numbers (docs/KERNEL_ABI.md).
+  for (int64_t i = 0; i < n_in + n_out; ++i) {
+    const int64_t code = meta[4 + n_in + n_out + i];
+    // Range first: only a valid enum value may be cast to DataType.
+    if (code <= 0 || code > DataType_MAX ||
+        !SupportedDtype(static_cast<DataType>(code))) {
+      *error = "fs_meta has unsupported dtype code " + std::to_string(code) +
+               " for " + (i < n_in ? "input " : "output ") +
+               std::to_string(i < n_in ? i : i - n_in);
+      return false;
+    }
+    (i < n_in ? k->in_dtypes : k->out_dtypes).push_back(static_cast<DataType>(code));
+  }
+  const int64_t at = 4 + 2 * (n_in + n_out);
   const int64_t n_fwd = meta[at];
   if (n_fwd < 0 || n_fwd > n_in * n_out) {
     *error = "fs_meta has invalid n_fwd " + std::to_string(n_fwd);
@@ -164,16 +189,6 @@ int Register(const char* key, const char* so_path, const char* spec) {
   }
   Registry().emplace(key, std::move(kernel));
   return 0;
-}
-
-bool SupportedDtype(DataType t) {
-  switch (t) {
-    case DT_FLOAT: case DT_DOUBLE: case DT_HALF: case DT_BFLOAT16:
-    case DT_INT32: case DT_INT64: case DT_BOOL:
-      return true;
-    default:
-      return false;
-  }
 }
 
 std::string ShapeString(const int64_t* dims, int rank) {
@@ -260,6 +275,16 @@ class FusionStitchOp : public OpKernel {
                       " has dtype ", DataTypeString(t),
                       "; fused kernels take float, double, half, bfloat16, "
                       "int32, int64 and bool"));
+      // The kernel reads and writes its buffers as the dtypes it was
+      // generated for; a node claiming others must not reach it.
+      const DataType want =
+          i < n_in ? kernel_->in_dtypes[i] : kernel_->out_dtypes[i - n_in];
+      OP_REQUIRES(ctx, t == want,
+                  errors::InvalidArgument(
+                      "FusionStitch node ", name(), ": ", i < n_in ? "Tin[" : "Tout[",
+                      i < n_in ? i : i - n_in, "] is ", DataTypeString(t),
+                      " but kernel '", key_, "' was generated for ",
+                      DataTypeString(want)));
     }
     for (int i = 0; i < n_out; ++i) {
       const PartialTensorShape& s = output_shapes_[i];

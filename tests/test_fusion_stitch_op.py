@@ -18,7 +18,8 @@ SCALE_ADD_KERNEL = r"""
 #include <cstdint>
 #include <cstdio>
 #define FS_EXPORT extern "C" __attribute__((visibility("default")))
-FS_EXPORT const int64_t fs_meta[] = {1, 2, 1, 2, /*in ranks*/ 2, 1, /*out ranks*/ 2,
+FS_EXPORT const int64_t fs_meta[] = {2, 2, 1, 2, /*in ranks*/ 2, 1, /*out ranks*/ 2,
+                                     /*in dtypes: DT_FLOAT*/ 1, 1, /*out dtypes*/ 1,
                                      /*n_fwd*/ 1, /*out 0 <- in 0*/ 0, 0};
 FS_EXPORT int fs_shape(const int64_t* in_dims, int64_t* out_dims, int64_t* ext,
                        int64_t* work, char* err, int64_t errlen) {
@@ -162,6 +163,32 @@ class FusionStitchOpTest(tf.test.TestCase):
         with self.assertRaisesRegex(tf.errors.InternalError, "incompatible with the declared"):
             self._op(x, y, output_shapes=[[None, COLS + 1]])
 
+    def test_attr_dtypes_must_match_the_kernel(self):
+        # Right spec and key, wrong dtypes: the float kernel would read past the
+        # end of half buffers, so such a node is refused before it runs.
+        x, y = self._inputs(2)
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
+                                    r"Tin\[0\] is double but kernel '.*' was generated "
+                                    r"for float"):
+            self._op(x.astype(np.float64), y.astype(np.float64))
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
+                                    r"Tin\[1\] is half but kernel '.*' was generated "
+                                    r"for float"):
+            self._op(x, y.astype(np.float16))
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
+                                    r"Tout\[0\] is double but kernel '.*' was generated "
+                                    r"for float"):
+            self.ops.fusion_stitch([x, y], Tout=[tf.float64], output_shapes=[[None, COLS]],
+                                   spec=SPEC, kernel_key=KEY)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, COLS], tf.float16),
+                                      tf.TensorSpec([COLS], tf.float16)])
+        def in_graph(a, b):
+            return self._op(a, b)
+
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, r"Tin\[0\] is half"):
+            in_graph(x.astype(np.float16), y.astype(np.float16))
+
     def test_registration_errors(self):
         with self.assertRaisesRegex(RuntimeError, "different spec"):
             loader.register_kernel(KEY, self.so_path, SPEC + " ")
@@ -171,15 +198,20 @@ class FusionStitchOpTest(tf.test.TestCase):
         with self.assertRaisesRegex(RuntimeError, "does not export fs_meta"):
             loader.register_kernel("no-symbols", no_symbols, SPEC)
         wrong_abi = cpu_compiler.compile_shared_object(
-            SCALE_ADD_KERNEL.replace("fs_meta[] = {1,", "fs_meta[] = {2,"))
-        with self.assertRaisesRegex(RuntimeError, "ABI version 2"):
+            SCALE_ADD_KERNEL.replace("fs_meta[] = {2,", "fs_meta[] = {1,"))
+        with self.assertRaisesRegex(RuntimeError, "ABI version 1, this op supports version 2"):
             loader.register_kernel("wrong-abi", wrong_abi, SPEC)
+        bad_dtype = cpu_compiler.compile_shared_object(  # 7 is DT_STRING
+            SCALE_ADD_KERNEL.replace("/*in dtypes: DT_FLOAT*/ 1, 1", "/*in dtypes*/ 1, 7"))
+        with self.assertRaisesRegex(RuntimeError, "unsupported dtype code 7 for input 1"):
+            loader.register_kernel("bad-dtype", bad_dtype, SPEC)
         loader.register_kernel(KEY, self.so_path, SPEC)  # idempotent
 
     def test_cpu_kernel_gives_the_same_result(self):
-        kernel = cpu_kernel.CpuKernel(self.so_path, out_dtypes=[np.float32],
-                                      in_dtypes=[np.float32, np.float32])
+        kernel = cpu_kernel.CpuKernel(self.so_path)  # dtypes from fs_meta
         self.assertEqual(kernel.meta.forward, ((0, 0),))
+        self.assertEqual(kernel.meta.in_dtypes, ("float32", "float32"))
+        self.assertEqual(kernel.out_dtypes, (np.dtype(np.float32),))
         for rows in (3, 17):
             x, y = self._inputs(rows)
             (op_out,) = self._op(x, y)

@@ -22,7 +22,9 @@ ROW_SUM_KERNEL = r"""
 #include <cstdint>
 #include <cstdio>
 #define FS_EXPORT extern "C" __attribute__((visibility("default")))
-FS_EXPORT const int64_t fs_meta[] = {1, 1, 1, 1, /*in ranks*/ 2, /*out ranks*/ 1, /*n_fwd*/ 0};
+FS_EXPORT const int64_t fs_meta[] = {2, 1, 1, 1, /*in ranks*/ 2, /*out ranks*/ 1,
+                                     /*in dtypes: DT_DOUBLE*/ 2, /*out dtypes*/ 2,
+                                     /*n_fwd*/ 0};
 FS_EXPORT int fs_shape(const int64_t* in_dims, int64_t* out_dims, int64_t* ext,
                        int64_t* work, char* err, int64_t errlen) {
   if (in_dims[1] == 0) {
@@ -301,9 +303,10 @@ def test_extra_flags_must_be_a_sequence():
 # --- CpuKernel -----------------------------------------------------------------
 
 def test_cpu_kernel_runs_and_threads_agree():
-    kernel = cpu_kernel.CpuKernel(cpu_compiler.compile_shared_object(ROW_SUM_KERNEL),
-                                  out_dtypes=[np.float64], in_dtypes=[np.float64])
-    assert kernel.meta == cpu_kernel.KernelMeta(1, 1, 1, 1, (2,), (1,), ())
+    kernel = cpu_kernel.CpuKernel(cpu_compiler.compile_shared_object(ROW_SUM_KERNEL))
+    assert kernel.meta == cpu_kernel.KernelMeta(2, 1, 1, 1, (2,), (1,), ("float64",),
+                                                ("float64",), ())
+    assert kernel.in_dtypes == kernel.out_dtypes == (np.dtype(np.float64),)
     rng = np.random.default_rng(0)
     for rows in (1, 7, 1000):
         x = rng.standard_normal((rows, 33))
@@ -331,9 +334,76 @@ def test_cpu_kernel_errors():
         cpu_kernel.CpuKernel(kernel.path, out_dtypes=[np.float64, np.float64])
 
 
+def test_cpu_kernel_dtypes_come_from_fs_meta():
+    path = cpu_compiler.compile_shared_object(ROW_SUM_KERNEL)
+    kernel = cpu_kernel.CpuKernel(path)
+    # A wrong input dtype is refused, whether narrower or as wide as float64.
+    for dtype in (np.float32, np.int64, np.uint16, np.bool_):
+        with pytest.raises(TypeError, match=rf"input 0 has dtype {np.dtype(dtype)}, "
+                                            r"the kernel takes float64"):
+            kernel.run([np.zeros((3, 3), dtype)])
+    with pytest.raises(TypeError, match="int64"):
+        kernel.run([[[1, 2], [3, 4]]])  # a list becomes int64, not float64
+    # Given dtypes must agree with fs_meta.
+    assert cpu_kernel.CpuKernel(path, [np.float64], ["float64"]).out_dtypes == (
+        np.dtype(np.float64),)
+    with pytest.raises(ValueError, match="output 0 was generated for float64, but dtype "
+                                         "float32 was given"):
+        cpu_kernel.CpuKernel(path, out_dtypes=[np.float32])
+    with pytest.raises(ValueError, match="input 0 was generated for float64"):
+        cpu_kernel.CpuKernel(path, in_dtypes=["int64"])
+    with pytest.raises(ValueError, match="2 input dtypes"):
+        cpu_kernel.CpuKernel(path, in_dtypes=[np.float64, np.float64])
+
+
+def test_cpu_kernel_bfloat16_takes_ml_dtypes_or_uint16_bits():
+    # out = x, bitwise, for bfloat16 vectors.
+    source = ROW_SUM_KERNEL.replace("/*in dtypes: DT_DOUBLE*/ 2, /*out dtypes*/ 2",
+                                    "/*in dtypes*/ 14, /*out dtypes*/ 14").replace(
+        "/*in ranks*/ 2, /*out ranks*/ 1", "/*in ranks*/ 1, /*out ranks*/ 1")
+    start = source.index("FS_EXPORT int fs_shape")
+    source = source[:start] + r"""
+FS_EXPORT int fs_shape(const int64_t* in_dims, int64_t* out_dims, int64_t* ext,
+                       int64_t* work, char* err, int64_t errlen) {
+  out_dims[0] = ext[0] = work[0] = in_dims[0];
+  work[1] = 1;
+  return 0;
+}
+FS_EXPORT void fs_run(int64_t begin, int64_t end, const int64_t* ext, void* const* bufs) {
+  for (int64_t i = begin; i < end; ++i)
+    static_cast<uint16_t*>(bufs[1])[i] = static_cast<const uint16_t*>(bufs[0])[i];
+}
+"""
+    path = cpu_compiler.compile_shared_object(source)
+    kernel = cpu_kernel.CpuKernel(path)
+    assert kernel.meta.in_dtypes == kernel.meta.out_dtypes == ("bfloat16",)
+    bf16 = cpu_kernel.as_dtype("bfloat16")
+    assert kernel.out_dtypes == (bf16,)
+    x = np.array([1.5, -2.0, 3.0], dtype=np.float32).astype(bf16)
+    (out,) = kernel.run([x])
+    assert out.dtype == bf16 and out.view(np.uint16).tolist() == x.view(np.uint16).tolist()
+    bits = cpu_kernel.CpuKernel(path, out_dtypes=[np.uint16], in_dtypes=[np.uint16])
+    (out,) = bits.run([x.view(np.uint16)])
+    assert out.dtype == np.uint16 and out.tolist() == x.view(np.uint16).tolist()
+    (out,) = kernel.run([x.view(np.uint16)])  # uint16 bits are accepted as input too
+    assert out.view(np.uint16).tolist() == x.view(np.uint16).tolist()
+    for wrong in (np.float16, np.int16, np.float32):
+        with pytest.raises(TypeError, match="the kernel takes bfloat16"):
+            kernel.run([np.zeros(3, wrong)])
+    with pytest.raises(ValueError, match="generated for bfloat16"):
+        cpu_kernel.CpuKernel(path, out_dtypes=[np.float16])
+
+
+def test_cpu_kernel_rejects_unknown_dtype_codes():
+    bad = ROW_SUM_KERNEL.replace("/*in dtypes: DT_DOUBLE*/ 2", "/*in dtypes*/ 7")  # DT_STRING
+    with pytest.raises(cpu_kernel.KernelLoadError, match=r"unsupported dtype code\(s\) \[7\]"):
+        cpu_kernel.CpuKernel(cpu_compiler.compile_shared_object(bad))
+
+
 def test_cpu_kernel_rejects_wrong_abi_and_hidden_symbols():
-    wrong_abi = ROW_SUM_KERNEL.replace("fs_meta[] = {1,", "fs_meta[] = {7,")
-    with pytest.raises(cpu_kernel.KernelLoadError, match="ABI version 7"):
+    wrong_abi = ROW_SUM_KERNEL.replace("fs_meta[] = {2,", "fs_meta[] = {1,")
+    with pytest.raises(cpu_kernel.KernelLoadError, match="ABI version 1; this runtime "
+                                                         "supports 2"):
         cpu_kernel.CpuKernel(cpu_compiler.compile_shared_object(wrong_abi), [np.float64])
     hidden = ROW_SUM_KERNEL.replace('__attribute__((visibility("default")))', "")
     with pytest.raises(cpu_kernel.KernelLoadError, match="visibility"):

@@ -24,6 +24,9 @@ Shape = tuple  # tuple[Optional[int], ...]; None is an extent known only at run 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 INT_DTYPES = ("int32", "int64")
 DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
+# fs_meta dtype codes: TF's DataType enum numbers, so the op checks Tin/Tout against them as is.
+DTYPE_CODES = {"float32": 1, "float64": 2, "int32": 3, "int64": 9, "bool": 10,
+               "bfloat16": 14, "float16": 19}
 
 # Primitive classes. The op table in rewriters/ maps every TF op to these.
 UNARY = (

@@ -12,15 +12,20 @@ from __future__ import annotations
 from typing import List
 
 from tf_fusionstitch.codegen import kernel_ir as k
+from tf_fusionstitch.fusion_ir import DTYPE_CODES
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE, Schedule, UnsupportedCluster
+
+ABI_VERSION = 2  # docs/KERNEL_ABI.md; the op and runtime/cpu_kernel.py check it
 
 
 def print_meta(s: Schedule, export: str) -> str:
     c = s.cluster
     types = c.types()
-    vals: List[int] = [1, len(c.inputs), len(c.outputs), max(s.num_axes, 1)]
+    vals: List[int] = [ABI_VERSION, len(c.inputs), len(c.outputs), max(s.num_axes, 1)]
     vals += [t.rank for _, t in c.inputs]
     vals += [types[o].rank for o in c.outputs]
+    vals += [DTYPE_CODES[t.dtype] for _, t in c.inputs]
+    vals += [DTYPE_CODES[types[o].dtype] for o in c.outputs]
     vals += [len(s.forward)]
     for j, i in s.forward:
         vals += [j, i]

@@ -16,12 +16,15 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-ABI_VERSION = 1
+from tf_fusionstitch.fusion_ir import DTYPE_CODES
+
+ABI_VERSION = 2
 _MAX_RANK = 254      # TensorFlow's limit
 _MAX_COUNT = 1 << 16  # sanity bound while reading fs_meta
 _ERR_LEN = 1024
 
 _I64P = ctypes.POINTER(ctypes.c_int64)
+_DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
 
 
 class KernelLoadError(RuntimeError):
@@ -41,6 +44,8 @@ class KernelMeta:
     n_ext: int
     in_ranks: tuple[int, ...]
     out_ranks: tuple[int, ...]
+    in_dtypes: tuple[str, ...]   # NumPy-style names: 'float32', ..., 'bfloat16'
+    out_dtypes: tuple[str, ...]
     forward: tuple[tuple[int, int], ...]  # (output index, input index) pairs
 
 
@@ -55,11 +60,21 @@ def as_dtype(dtype) -> np.dtype:
     return np.dtype(dtype)
 
 
-class CpuKernel:
-    """A loaded kernel .so. `out_dtypes` gives the outputs' NumPy dtypes, since
-    fs_meta carries no dtypes; `in_dtypes`, when given, is checked on every run."""
+def _matches(name: str, dtype) -> bool:
+    """Whether NumPy dtype `dtype` has the layout of fs_meta dtype `name`."""
+    dtype = np.dtype(dtype)
+    if name == "bfloat16":  # ml_dtypes.bfloat16, or its bits as uint16
+        return dtype == as_dtype("bfloat16") or dtype == np.dtype(np.uint16)
+    return dtype == np.dtype(name)
 
-    def __init__(self, path: str | os.PathLike, out_dtypes: Sequence,
+
+class CpuKernel:
+    """A loaded kernel .so; its dtypes come from fs_meta. `out_dtypes` and
+    `in_dtypes`, when given, must agree with them (bfloat16 may be given as
+    uint16 bits); `out_dtypes` then picks the outputs' NumPy dtypes. Input
+    arrays are checked against fs_meta on every run."""
+
+    def __init__(self, path: str | os.PathLike, out_dtypes: Optional[Sequence] = None,
                  in_dtypes: Optional[Sequence] = None):
         self.path = os.fspath(path)
         try:
@@ -74,14 +89,21 @@ class CpuKernel:
         self._run.restype = None
         self._run.argtypes = [ctypes.c_int64, ctypes.c_int64, _I64P,
                               ctypes.POINTER(ctypes.c_void_p)]
-        self.out_dtypes = tuple(as_dtype(d) for d in out_dtypes)
-        if len(self.out_dtypes) != self.meta.n_out:
-            raise ValueError(f"kernel {self.path} has {self.meta.n_out} outputs but "
-                             f"{len(self.out_dtypes)} output dtypes were given")
-        self.in_dtypes = None if in_dtypes is None else tuple(as_dtype(d) for d in in_dtypes)
-        if self.in_dtypes is not None and len(self.in_dtypes) != self.meta.n_in:
-            raise ValueError(f"kernel {self.path} has {self.meta.n_in} inputs but "
-                             f"{len(self.in_dtypes)} input dtypes were given")
+        self.out_dtypes = self._dtypes("output", self.meta.out_dtypes, out_dtypes)
+        self.in_dtypes = self._dtypes("input", self.meta.in_dtypes, in_dtypes)
+
+    def _dtypes(self, what: str, names: tuple, given: Optional[Sequence]) -> tuple:
+        if given is None:
+            return tuple(as_dtype(n) for n in names)
+        given = tuple(as_dtype(d) for d in given)
+        if len(given) != len(names):
+            raise ValueError(f"kernel {self.path} has {len(names)} {what}s but "
+                             f"{len(given)} {what} dtypes were given")
+        for i, (name, dtype) in enumerate(zip(names, given)):
+            if not _matches(name, dtype):
+                raise ValueError(f"kernel {self.path}: {what} {i} was generated for "
+                                 f"{name}, but dtype {dtype} was given")
+        return given
 
     def run(self, inputs: Sequence[np.ndarray], threads: int = 1) -> list[np.ndarray]:
         """Outputs for `inputs`; work items are split over `threads` threads."""
@@ -123,9 +145,9 @@ class CpuKernel:
         arrays = []
         for i, x in enumerate(inputs):
             a = np.ascontiguousarray(x)  # the ABI wants dense row-major buffers
-            if self.in_dtypes is not None and a.dtype != self.in_dtypes[i]:
+            if not _matches(meta.in_dtypes[i], a.dtype):
                 raise TypeError(f"input {i} has dtype {a.dtype}, the kernel takes "
-                                f"{self.in_dtypes[i]}")
+                                f"{meta.in_dtypes[i]}")
             if a.ndim != meta.in_ranks[i]:
                 raise KernelShapeError(f"input {i} has rank {a.ndim} (shape {a.shape}), "
                                        f"the kernel takes rank {meta.in_ranks[i]}")
@@ -177,7 +199,12 @@ def _read_meta(lib: ctypes.CDLL, path: str) -> KernelMeta:
     ranks = [words[4 + i] for i in range(n_in + n_out)]
     if any(not 0 <= r <= _MAX_RANK for r in ranks):
         raise KernelLoadError(f"kernel {path}: fs_meta has an invalid rank in {ranks}")
-    at = 4 + n_in + n_out
+    codes = [words[4 + n_in + n_out + i] for i in range(n_in + n_out)]
+    bad = [c for c in codes if c not in _DTYPE_NAMES]
+    if bad:
+        raise KernelLoadError(f"kernel {path}: fs_meta has unsupported dtype code(s) {bad}")
+    dtypes = [_DTYPE_NAMES[c] for c in codes]
+    at = 4 + 2 * (n_in + n_out)
     n_fwd = words[at]
     if not 0 <= n_fwd <= n_in * n_out:
         raise KernelLoadError(f"kernel {path}: fs_meta n_fwd = {n_fwd} is out of range")
@@ -187,4 +214,5 @@ def _read_meta(lib: ctypes.CDLL, path: str) -> KernelMeta:
             raise KernelLoadError(f"kernel {path}: fs_meta forward pair ({out}, {inp}) "
                                   f"names no such output/input")
     return KernelMeta(version, n_in, n_out, n_ext, tuple(ranks[:n_in]),
-                      tuple(ranks[n_in:]), forward)
+                      tuple(ranks[n_in:]), tuple(dtypes[:n_in]), tuple(dtypes[n_in:]),
+                      forward)
