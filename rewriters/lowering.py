@@ -82,8 +82,10 @@ def lower_nodes(view: GraphView, nodes: Sequence[str], fetches: Set[Tensor]) -> 
         if rule is None:
             raise NotFusible(f"{node.op} is not in the op table")
         data = view.data_inputs[node_name]
-        values, constants = [], []
+        values, constants, scalars = [], [], []
         for i, t in enumerate(data):
+            scalar = _inlinable_scalar(view, t)
+            scalars.append(None if scalar is None else scalar.item())
             if i in rule.static_inputs:
                 values.append(None)
                 constants.append(constant_value(view, t[0]))
@@ -92,7 +94,7 @@ def lower_nodes(view: GraphView, nodes: Sequence[str], fetches: Set[Tensor]) -> 
                 constants.append(None)
         n_out = view.num_outputs[node_name]
         out_types = [view.type_of((node_name, k)) for k in range(n_out)]
-        ctx = LoweringContext(node, values, types, out_types, constants, emit)
+        ctx = LoweringContext(node, values, types, out_types, constants, emit, scalars)
         produced = rule.lower(ctx)
         for k, v in enumerate(produced):
             value_of[(node_name, k)] = v

@@ -27,8 +27,10 @@ class LoweringContext:
     """What a lowering sees of one node: typed inputs, attributes, constants."""
 
     def __init__(self, node, input_values: Sequence[Optional[str]], types: Dict[str, ir.TensorType],
-                 output_types: Sequence[Optional[ir.TensorType]], constants: Sequence, emit):
+                 output_types: Sequence[Optional[ir.TensorType]], constants: Sequence, emit,
+                 scalars: Sequence = ()):
         self.node = node
+        self._scalars = list(scalars)
         self._inputs = list(input_values)
         self._types = types
         self._output_types = list(output_types)
@@ -54,6 +56,10 @@ class LoweringContext:
         if value is None:
             raise NotFusible(f"input {i} must be a constant")
         return value
+
+    def scalar_input(self, i: int):
+        """The value of input i when it is a scalar constant, else None."""
+        return self._scalars[i] if i < len(self._scalars) else None
 
     def attr(self, name: str, default=None):
         a = self.node.attr
@@ -103,6 +109,32 @@ def _binary(prim: str) -> OpRule:
     def lower(ctx):
         return [ctx.emit(prim, [ctx.input(0), ctx.input(1)], ctx.out_type(0))]
     return OpRule(ELEMENTWISE, lower)
+
+
+def _pow(ctx):
+    """x ** c for a small integer or half-integer constant c becomes multiplies
+    (and a sqrt): what gelu's tanh form does with x ** 3, at a few ulp from
+    std::pow and an order of magnitude faster, since it vectorises."""
+    x, y = ctx.input(0), ctx.input(1)
+    t = ctx.out_type(0)
+    c = ctx.scalar_input(1)
+    if c is None or t.dtype not in ir.FLOAT_DTYPES or ctx.type_of(x).shape != t.shape:
+        return [ctx.emit("pow", [x, y], t)]
+    c = float(c)
+    if c == 0.5:
+        return [ctx.emit("sqrt", [x], t)]
+    if c == -0.5:
+        return [ctx.emit("rsqrt", [x], t)]
+    if c == -1.0:
+        return [ctx.emit("reciprocal", [x], t)]
+    if c == 1.0:
+        return [ctx.emit("reshape", [x], t, shape=list(t.shape))]
+    if c in (2.0, 3.0, 4.0):
+        sq = ctx.emit("square", [x], t)
+        if c == 2.0:
+            return [sq]
+        return [ctx.emit("mul", [sq, x if c == 3.0 else sq], t)]
+    return [ctx.emit("pow", [x, y], t)]
 
 
 def _cast(ctx):
@@ -248,10 +280,11 @@ OP_TABLE: Dict[str, OpRule] = {
     **{tf: _binary(p) for tf, p in {
         "Add": "add", "AddV2": "add", "Sub": "sub", "Mul": "mul", "RealDiv": "div",
         "Div": "div", "DivNoNan": "div_no_nan", "Maximum": "maximum", "Minimum": "minimum",
-        "Pow": "pow", "SquaredDifference": "squared_difference", "FloorDiv": "floor_div",
+"SquaredDifference": "squared_difference", "FloorDiv": "floor_div",
         "FloorMod": "floor_mod", "Less": "less", "Greater": "greater", "Equal": "equal",
         "NotEqual": "not_equal", "LessEqual": "less_equal", "GreaterEqual": "greater_equal",
         "LogicalAnd": "logical_and", "LogicalOr": "logical_or"}.items()},
+    "Pow": OpRule(ELEMENTWISE, _pow),
     "BiasAdd": OpRule(ELEMENTWISE, _bias_add),
     "BiasAddV1": OpRule(ELEMENTWISE, _bias_add),
     "Select": OpRule(ELEMENTWISE, _select_v1),
@@ -265,6 +298,9 @@ OP_TABLE: Dict[str, OpRule] = {
     "FusedBatchNormV2": OpRule(COMPOSITE, _fused_batch_norm),
     "FusedBatchNormV3": OpRule(COMPOSITE, _fused_batch_norm),
     "Identity": OpRule(SHAPE, _identity),
+    # Forward-only graphs: StopGradient is Identity (Keras LayerNormalization
+    # puts one between the mean and the variance).
+    "StopGradient": OpRule(SHAPE, _identity),
     "Reshape": OpRule(SHAPE, _reshape_to_output, static_inputs=(1,)),
     "ExpandDims": OpRule(SHAPE, _reshape_to_output, static_inputs=(1,)),
     "Squeeze": OpRule(SHAPE, _reshape_to_output),

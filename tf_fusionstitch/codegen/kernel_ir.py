@@ -86,6 +86,7 @@ class Kernel:
     tensors: List[Tensor]          # inputs then outputs, matching the ABI's bufs
     num_inputs: int
     group_extents: List[tuple]     # per axis group: the iteration axes it multiplies
+    static_extents: List[Optional[int]]  # per iteration axis, when known statically
     col_groups: List[int]          # group indices looped over inside a work item
     row_groups: List[int]          # group indices enumerated by the work item index
     tiled: bool
@@ -179,7 +180,8 @@ def lower(s: Schedule) -> Kernel:
     row_groups = [i for i, g in enumerate(s.groups) if not g.is_col]
     return Kernel(
         tensors=tensors, num_inputs=len(c.inputs),
-        group_extents=[g.axes for g in s.groups], col_groups=col_groups,
+        group_extents=[g.axes for g in s.groups], static_extents=list(s.static_extent),
+        col_groups=col_groups,
         row_groups=row_groups, tiled=s.tiled, segments=segments, loops=loops,
         accumulators=accs, buffers={_v(b): types[b].dtype for b in sorted(s.buffered)},
         hoisted={_v(h): types[h].dtype for h in sorted(s.hoisted)}, prelude=prelude,

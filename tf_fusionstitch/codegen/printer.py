@@ -50,14 +50,15 @@ CPP = Target(
     name="cpp",
     prelude=CPP_PRELUDE + r"""
 static inline double fs_sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-// Softplus as TensorFlow computes it: thresholds at log(epsilon) + 2.
+// Softplus as TensorFlow computes it: thresholds at log(epsilon) + 2, and
+// log1p(exp(x)) in between (log(exp(x) + 1) loses up to ~7% near the threshold).
 static inline float fs_softplusf(float x) {
   const float th = -13.942385f, e = fs_expf(x);
-  return x > -th ? x : (x < th ? e : fs_logf(e + 1.0f));
+  return x > -th ? x : (x < th ? e : fs_log1pf(e));
 }
 static inline double fs_softplus(double x) {
   const double th = -34.04365338911715, e = std::exp(x);
-  return x > -th ? x : (x < th ? e : std::log(e + 1.0));
+  return x > -th ? x : (x < th ? e : std::log1p(e));
 }
 static inline int fs_fail(char* err, int64_t n, const char* msg) {
   if (n > 0) { std::strncpy(err, msg, (size_t)(n - 1)); err[n - 1] = 0; }
@@ -285,7 +286,11 @@ class _Printer:
             const = "" if tn.is_output else "const "
             e(f"{const}{st}* t{i} = static_cast<{const}{st}*>(bufs[{i}]);", 1)
         for g, axes in enumerate(kr.group_extents):
-            e(f"const int64_t g{g} = " + " * ".join(f"ext[{a}]" for a in axes) + ";", 1)
+            # Static extents become constants: the compiler then knows trip
+            # counts (no remainder loops for a row of 128) and strides.
+            factors = [str(kr.static_extents[a]) if kr.static_extents[a] is not None
+                       else f"ext[{a}]" for a in axes]
+            e(f"const int64_t g{g} = " + " * ".join(factors) + ";", 1)
         for i, tn in enumerate(kr.tensors):
             for g in tn.groups:
                 inner = [h for h in tn.groups if h > g]
