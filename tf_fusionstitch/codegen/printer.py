@@ -49,16 +49,22 @@ class Target:
 CPP = Target(
     name="cpp",
     prelude=CPP_PRELUDE + r"""
+// Selects through bit masks for floating types: GCC keeps FP exceptions without
+// -ffast-math and will not if-convert `c ? a : b` on computed values, which
+// leaves the loop scalar (see vecmath.py).
+static inline float fs_select(bool c, float a, float b) { return fs__sel(c, a, b); }
+static inline double fs_select(bool c, double a, double b) { return fs__sel64(c, a, b); }
+template <typename T> static inline T fs_select(bool c, T a, T b) { return c ? a : b; }
 static inline double fs_sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 // Softplus as TensorFlow computes it: thresholds at log(epsilon) + 2, and
 // log1p(exp(x)) in between (log(exp(x) + 1) loses up to ~7% near the threshold).
 static inline float fs_softplusf(float x) {
   const float th = -13.942385f, e = fs_expf(x);
-  return x > -th ? x : (x < th ? e : fs_log1pf(e));
+  return fs_select(x > -th, x, fs_select(x < th, e, fs_log1pf(e)));
 }
 static inline double fs_softplus(double x) {
   const double th = -34.04365338911715, e = std::exp(x);
-  return x > -th ? x : (x < th ? e : std::log1p(e));
+  return fs_select(x > -th, x, fs_select(x < th, e, std::log1p(e)));
 }
 static inline int fs_fail(char* err, int64_t n, const char* msg) {
   if (n > 0) { std::strncpy(err, msg, (size_t)(n - 1)); err[n - 1] = 0; }
@@ -89,29 +95,32 @@ _SELU_SCALE_ALPHA = 1.0507009873554804934193349852946 * 1.6732632423543772848170
 # math function of the target for the operand class. Float rows serve f32/f64.
 _EXPR = {
     "neg": "(-{0})",
-    "abs": {"float": "{m:fabs}({0})", "int": "({0} < 0 ? ({T})-{0} : {0})"},
+    "abs": {"float": "{m:fabs}({0})", "int": "fs_select({0} < 0, ({T})-{0}, {0})"},
     "exp": "{m:exp}({0})", "log": "{m:log}({0})", "log1p": "{m:log1p}({0})",
     "expm1": "{m:expm1}({0})", "sqrt": "{m:sqrt}({0})",
     "rsqrt": "(({T})1 / {m:sqrt}({0}))", "square": "({0} * {0})",
     "reciprocal": "(({T})1 / {0})", "tanh": "{m:tanh}({0})", "sigmoid": "{m:sigmoid}({0})", "softplus": "{m:softplus}({0})",
-    "relu": "({0} < ({T})0 ? ({T})0 : {0})",
-    "relu6": "({0} < ({T})0 ? ({T})0 : ({0} > ({T})6 ? ({T})6 : {0}))",
-    "elu": "({0} < ({T})0 ? {m:exp}({0}) - ({T})1 : {0})",
-    "selu": "({0} < ({T})0 ? ({T})%r * ({m:exp}({0}) - ({T})1) : ({T})%r * {0})"
+    "relu": "fs_select({0} < ({T})0, ({T})0, {0})",
+    "relu6": "fs_select({0} < ({T})0, ({T})0, fs_select({0} > ({T})6, ({T})6, {0}))",
+    "elu": "fs_select({0} < ({T})0, {m:exp}({0}) - ({T})1, {0})",
+    "selu": "fs_select({0} < ({T})0, ({T})%r * ({m:exp}({0}) - ({T})1), ({T})%r * {0})"
             % (_SELU_SCALE_ALPHA, _SELU_SCALE),
     "erf": "{m:erf}({0})", "erfc": "{m:erfc}({0})",
     "sin": "{m:sin}({0})", "cos": "{m:cos}({0})",
     "floor": "{m:floor}({0})", "ceil": "{m:ceil}({0})", "round": "{m:round}({0})",
-    "sign": {"float": "({0} > 0 ? ({T})1 : ({0} < 0 ? ({T})-1 : ({0} == {0} ? ({T})0 : {0})))",
+    "sign": {"float": "fs_select({0} > 0, ({T})1, fs_select({0} < 0, ({T})-1, "
+                      "fs_select({0} == {0}, ({T})0, {0})))",
              "int": "(({T})({0} > 0) - ({T})({0} < 0))"},
     "isfinite": "({0} - {0} == {0} - {0})", "isnan": "({0} != {0})",
     "logical_not": "(!{0})",
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
-    "div_no_nan": "({1} == ({T})0 ? ({T})0 : {0} / {1})",
-    "maximum": {"float": "({0} != {0} ? {0} : ({1} != {1} ? {1} : ({0} > {1} ? {0} : {1})))",
-                "int": "({0} > {1} ? {0} : {1})"},
-    "minimum": {"float": "({0} != {0} ? {0} : ({1} != {1} ? {1} : ({0} < {1} ? {0} : {1})))",
-                "int": "({0} < {1} ? {0} : {1})"},
+    "div_no_nan": "fs_select({1} == ({T})0, ({T})0, {0} / {1})",
+    "maximum": {"float": "fs_select({0} != {0}, {0}, fs_select({1} != {1}, {1}, "
+                         "fs_select({0} > {1}, {0}, {1})))",
+                "int": "fs_select({0} > {1}, {0}, {1})"},
+    "minimum": {"float": "fs_select({0} != {0}, {0}, fs_select({1} != {1}, {1}, "
+                         "fs_select({0} < {1}, {0}, {1})))",
+                "int": "fs_select({0} < {1}, {0}, {1})"},
     "pow": "{m:pow}({0}, {1})",
     "squared_difference": "(({0} - {1}) * ({0} - {1}))",
     "floor_div": "{m:floor}({0} / {1})",
@@ -119,13 +128,13 @@ _EXPR = {
     "less": "({0} < {1})", "greater": "({0} > {1})", "equal": "({0} == {1})",
     "not_equal": "({0} != {1})", "less_equal": "({0} <= {1})", "greater_equal": "({0} >= {1})",
     "logical_and": "({0} && {1})", "logical_or": "({0} || {1})",
-    "select": "({0} ? {1} : {2})",
+    "select": "fs_select({0}, {1}, {2})",
 }
 
 _FLOOR_MOD = r"""
 template <typename T> static inline T fs_floor_mod(T x, T y) {
   const T r = std::fmod(x, y);
-  return (r != T(0) && ((y < T(0)) != (r < T(0)))) ? r + y : r;
+  return fs_select(r != T(0) && ((y < T(0)) != (r < T(0))), r + y, r);
 }
 """
 
