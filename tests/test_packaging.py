@@ -1,0 +1,88 @@
+"""The repository's top-level folders install under the single import root `tf_fusionstitch`.
+
+No TensorFlow is needed here (this file checks layout), so it uses absltest directly.
+"""
+
+import os
+import runpy
+import subprocess
+import sys
+import tempfile
+from unittest import mock
+
+from absl.testing import absltest
+import setuptools
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOP_LEVEL = ("rewriters", "custom_ops", "planner")
+
+
+def _setup_kwargs():
+    """The keyword arguments setup.py passes to setuptools.setup, without running it."""
+    captured = {}
+    with mock.patch.object(setuptools, "setup", lambda **kw: captured.update(kw)):
+        runpy.run_path(os.path.join(REPO, "setup.py"), run_name="__main__")
+    return captured
+
+
+def _run_isolated(code):
+    """Runs `code` in a fresh interpreter outside the repository (cwd not on sys.path)."""
+    with tempfile.TemporaryDirectory() as cwd:
+        return subprocess.run([sys.executable, "-I", "-c", code], cwd=cwd,
+                              capture_output=True, text=True, timeout=120)
+
+
+class PackagingTest(absltest.TestCase):
+
+    def test_top_level_folders_map_under_the_import_root(self):
+        package_dir = _setup_kwargs()["package_dir"]
+        self.assertEqual(package_dir["tf_fusionstitch"], "tf_fusionstitch")
+        self.assertEqual(package_dir["tf_fusionstitch.rewriters"], "rewriters")
+        self.assertEqual(package_dir["tf_fusionstitch.custom_ops"], "custom_ops")
+        for folder in TOP_LEVEL:
+            if os.path.exists(os.path.join(REPO, folder, "__init__.py")):
+                self.assertEqual(package_dir.get(f"tf_fusionstitch.{folder}"), folder,
+                                 f"{folder}/ is a package: map it in setup.py's package_dir")
+        for name in package_dir:
+            self.assertTrue(name == "tf_fusionstitch" or name.startswith("tf_fusionstitch."),
+                            f"{name} would install outside the tf_fusionstitch import root")
+
+    def test_every_subpackage_is_listed(self):
+        # packages= is an explicit list: a folder left out of it imports in an editable
+        # install but is missing from a wheel.
+        kwargs = _setup_kwargs()
+        listed = set(kwargs["packages"])
+        for package, folder in kwargs["package_dir"].items():
+            for root, dirs, files in os.walk(os.path.join(REPO, folder)):
+                dirs[:] = [d for d in dirs if d != "__pycache__"]
+                if "__init__.py" in files:
+                    rel = os.path.relpath(root, os.path.join(REPO, folder))
+                    name = package if rel == "." else package + "." + rel.replace(os.sep, ".")
+                    self.assertIn(name, listed, f"{root} is not in setup.py's packages")
+
+    def test_only_the_import_root_is_importable(self):
+        probe = ("import importlib.util as u\n"
+                 f"for name in {TOP_LEVEL!r}:\n"
+                 "    print(name, u.find_spec(name) is not None)\n"
+                 "for name in ('tf_fusionstitch.rewriters', 'tf_fusionstitch.custom_ops'):\n"
+                 "    print(name, u.find_spec(name) is not None)\n")
+        result = _run_isolated(probe)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        found = dict(line.split() for line in result.stdout.splitlines())
+        for name in TOP_LEVEL:
+            self.assertEqual(found[name], "False", f"a top-level `{name}` is importable")
+        self.assertEqual(found["tf_fusionstitch.rewriters"], "True")
+        self.assertEqual(found["tf_fusionstitch.custom_ops"], "True")
+
+    def test_fusion_ir_does_not_import_tensorflow(self):
+        result = _run_isolated(
+            "import sys\n"
+            "import tf_fusionstitch.fusion_ir\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('tensorflow', 'keras', 'tf_keras')))\n")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout.strip(), "[]")
+
+
+if __name__ == "__main__":
+    absltest.main()
