@@ -141,6 +141,45 @@ def _unify_dims(cluster: ir.Cluster) -> Tuple[Dict[str, list], Dict[str, set]]:
     return dims, reduced_classes
 
 
+def _merge_equivalent_axes(cluster, dims, reduced_classes):
+    """Identify axis classes of equal static extent that no tensor spans together.
+
+    Broadcasting can leave two classes for what is one axis to the user: in a
+    Keras layer norm, rsqrt(var)[B,S,1] * gamma[1,1,H] gets its own H, distinct
+    from the H that the mean reduces. Nothing depends on both indices, so
+    iterating them as one axis computes every value once instead of H times
+    and keeps such clusters legal. Reduced classes are kept as representatives.
+    """
+    types = cluster.types()
+    extent: dict = {}
+    together: dict = {}
+    for name, classes in dims.items():
+        present = [c for c in classes if c is not None]
+        for d, c in enumerate(classes):
+            if c is not None and types[name].shape[d] is not None:
+                extent[c] = types[name].shape[d]
+        for c in present:
+            together.setdefault(c, set()).update(present)
+    reduced = set().union(*reduced_classes.values()) if reduced_classes else set()
+    rep = {c: c for c in together}
+    members = {c: {c} for c in together}
+    for c in sorted(together, key=lambda c: (c not in reduced, str(c))):
+        if rep[c] != c or c not in extent:
+            continue
+        for other in sorted(together, key=str):
+            if rep[other] != other or other == c or extent.get(other) != extent[c]:
+                continue
+            span = set().union(*(together[m] for m in members[c]))
+            if other in span or any(m in span for m in members[other]):
+                continue
+            for m in members[other]:
+                rep[m] = c
+            members[c] |= members.pop(other)
+    new_dims = {n: [None if c is None else rep[c] for c in cl] for n, cl in dims.items()}
+    new_reduced = {n: {rep[c] for c in cs} for n, cs in reduced_classes.items()}
+    return new_dims, new_reduced
+
+
 def _order_axes(dims: Dict[str, list]) -> list:
     """A total order of the axis classes consistent with every value's layout."""
     succ: dict = {}
@@ -205,7 +244,12 @@ def build_schedule(cluster: ir.Cluster) -> Schedule:
     types = cluster.types()
     raw_dims, reduced_classes = _unify_dims(cluster)
     ordered_names = _largest_values_first(cluster)
-    order = _order_axes({n: raw_dims[n] for n in ordered_names})
+    merged_dims, merged_reduced = _merge_equivalent_axes(cluster, raw_dims, reduced_classes)
+    try:
+        order = _order_axes({n: merged_dims[n] for n in ordered_names})
+        raw_dims, reduced_classes = merged_dims, merged_reduced
+    except UnsupportedCluster:
+        order = _order_axes({n: raw_dims[n] for n in ordered_names})
     index = {c: i for i, c in enumerate(order)}
     dim_axes = {n: tuple(None if c is None else index[c] for c in cl) for n, cl in raw_dims.items()}
     n = len(order)
