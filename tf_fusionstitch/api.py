@@ -53,8 +53,14 @@ class OptimizedFunction:
             name = getattr(fn, "name", "concrete_function")
         else:
             self._python_fn = fn.python_function
-            self._function = tf.function(self._trace, input_signature=fn.input_signature,
-                                         autograph=False)
+            # The wrapper takes the original's parameters, so keyword calls bind
+            # as they would on the original tf.function.
+            def trace(*args, **kwargs):
+                return self._trace(*args, **kwargs)
+            trace.__signature__ = inspect.signature(fn.python_function)
+            self._function = tf.function(
+                trace, input_signature=fn.input_signature, autograph=False,
+                reduce_retracing=bool(getattr(fn, "_reduce_retracing", False)))
             name = getattr(fn, "__name__", "function")
             functools.update_wrapper(self, fn.python_function)
         self._name = name if isinstance(name, str) else name.decode()
@@ -89,8 +95,14 @@ class OptimizedFunction:
         return self._run_rewritten(self._original, list(flat_args))
 
     def _run_rewritten(self, concrete, leaves):
-        feeds = [x.handle if isinstance(x, tf.Variable) else x
-                 for x in leaves if isinstance(x, (tf.Tensor, tf.Variable))]
+        feeds = []
+        for x in leaves:
+            if isinstance(x, tf.Variable):
+                x = x.handle
+            if isinstance(x, tf.Tensor):
+                # Eager values (a variable's handle, a tensor default) are
+                # captured into this graph; import_graph_def needs graph tensors.
+                feeds.append(x if tf.is_symbolic_tensor(x) else tf.identity(x))
         graph = concrete.graph
         n_args = len(graph.inputs) - len(concrete.captured_inputs)
         if len(feeds) != n_args:

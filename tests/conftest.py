@@ -1,0 +1,28 @@
+"""Session-wide test setup shared by every test file.
+
+One private kernel cache for the whole pytest session, set before anything
+compiles: tests that optimize the same cluster share the compiled kernel (and
+the FusionStitch op library, ~10 s to build, is built once). A test that needs
+an empty cache (e.g. to simulate a compiler failure) sets its own directory and
+restores this one afterwards. Other files may add fixtures below.
+"""
+
+import os
+import shutil
+import tempfile
+
+_SESSION_CACHE = tempfile.mkdtemp(prefix="tf_fusionstitch-test-cache-")
+os.chmod(_SESSION_CACHE, 0o700)
+_PREVIOUS_CACHE = os.environ.get("TF_FUSIONSTITCH_CACHE_DIR")
+os.environ["TF_FUSIONSTITCH_CACHE_DIR"] = _SESSION_CACHE
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+SESSION_CACHE_DIR = _SESSION_CACHE
+
+
+def pytest_unconfigure(config):
+    if _PREVIOUS_CACHE is None:
+        os.environ.pop("TF_FUSIONSTITCH_CACHE_DIR", None)
+    else:
+        os.environ["TF_FUSIONSTITCH_CACHE_DIR"] = _PREVIOUS_CACHE
+    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)

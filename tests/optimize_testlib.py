@@ -1,0 +1,171 @@
+"""Helpers shared by test_optimize_ops.py and test_optimize_functions.py.
+
+Inputs are fresh random values from a seeded generator; results of the
+optimized function are compared with the original tf.function's under the
+tolerances DESIGN.md documents per op class (Contracts, Numerics):
+
+- integers and booleans: exact;
+- one elementwise op: the result rounded once to the output type, so within
+  a few ulp of the output type (float16 and bfloat16 results are computed in
+  float32 and rounded once, as TensorFlow's CPU kernels do for one op);
+- elementwise chains: a few ulp per op; float16/bfloat16 chains keep float32
+  intermediates where TensorFlow rounds after every op, so they are looser;
+- reductions: |error| <= (n + 2) * eps * sum(|x|) over the n reduced elements.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+import tf_fusionstitch as fs
+
+# float16/bfloat16 keep float32 intermediates inside a fused chain: allow for
+# the input rounding TensorFlow applies after every op (condition number of
+# the chain up to ~4 on the domains used here).
+_ELEMENTWISE_TOL = {            # (rtol, atol) for one op / for a chain
+    "float64": ((1e-13, 1e-15), (1e-12, 1e-14)),
+    "float32": ((1e-6, 1e-7), (1e-5, 1e-6)),
+    "float16": ((1e-3, 1e-4), (8e-3, 4e-3)),
+    "bfloat16": ((8e-3, 1e-3), (6e-2, 2e-2)),
+}
+
+# Transcendental functions: TF's Eigen kernels and our vecmath are each within
+# a few ulp of the exact result, so they differ by up to ~8 ulp.
+_TRANSCENDENTAL_TOL = {"float64": (1e-12, 1e-14), "float32": (1e-5, 1e-6)}
+
+EPS = {"float64": np.finfo(np.float64).eps, "float32": np.finfo(np.float32).eps,
+       "float16": np.finfo(np.float16).eps, "bfloat16": 2.0 ** -7}
+
+FLOATS = ("float32", "float64", "float16", "bfloat16")
+INTS = ("int32", "int64")
+
+
+def rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def random(gen: np.random.Generator, shape, dtype: str, domain: str = "normal") -> tf.Tensor:
+    """A random tensor of `dtype` whose values lie in `domain`."""
+    shape = tuple(shape)
+    if dtype == "bool":
+        return tf.constant(gen.random(shape) < 0.5)
+    if dtype in INTS:
+        lo, hi = {"positive": (1, 20), "nonzero": (1, 20)}.get(domain, (-20, 20))
+        values = gen.integers(lo, hi, size=shape)
+        if domain == "nonzero":
+            values = values * gen.choice([-1, 1], size=shape)
+        return tf.constant(values, dtype=dtype)
+    if domain == "normal":
+        values = gen.standard_normal(shape) * 2.0
+    elif domain == "unit":            # around 1, for multiplicative chains
+        values = gen.uniform(0.5, 1.0, shape)
+    elif domain == "positive":
+        values = np.exp(gen.uniform(np.log(0.05), np.log(20.0), shape))
+    elif domain == "log1p":
+        values = gen.uniform(-0.9, 5.0, shape)
+    elif domain == "nonzero":
+        values = (gen.uniform(0.25, 4.0, shape)) * gen.choice([-1.0, 1.0], size=shape)
+    elif domain == "halves":         # many exact .5 ties for Round, Floor, Ceil
+        values = gen.integers(-12, 12, size=shape) / 2.0 + \
+            np.where(gen.random(shape) < 0.5, 0.0, gen.uniform(-0.49, 0.49, shape))
+    elif domain == "small":
+        values = gen.uniform(-1.5, 1.5, shape)
+    else:
+        raise ValueError(domain)
+    return tf.cast(tf.constant(values, dtype=tf.float64), dtype)
+
+
+def to_numpy(t) -> np.ndarray:
+    a = np.asarray(t.numpy() if hasattr(t, "numpy") else t)
+    if a.dtype == tf.bfloat16.as_numpy_dtype or a.dtype == np.float16:
+        return a.astype(np.float32)
+    return a
+
+
+def dtype_name(t) -> str:
+    return tf.as_dtype(t.dtype).name
+
+
+def assert_same(case: tf.test.TestCase, actual, expected, kind: str = "chain",
+                msg: str = "", rtol: float = None, atol: float = None) -> None:
+    """Compares one result of the optimized function with TF's.
+
+    kind: 'op' (one elementwise op), 'chain', 'transcendental' (one or a few
+    transcendental ops), or 'exact'. Integers and booleans are always exact.
+    """
+    case.assertEqual(actual.dtype, expected.dtype, msg)
+    case.assertEqual(tuple(actual.shape), tuple(expected.shape), msg)
+    dtype = dtype_name(expected)
+    a, e = to_numpy(actual), to_numpy(expected)
+    if dtype not in FLOATS or kind == "exact":
+        np.testing.assert_array_equal(a, e, err_msg=msg)
+        return
+    if rtol is None:
+        if kind == "transcendental" and dtype in _TRANSCENDENTAL_TOL:
+            rtol, atol = _TRANSCENDENTAL_TOL[dtype]
+        else:
+            rtol, atol = _ELEMENTWISE_TOL[dtype][0 if kind == "op" else 1]
+    # NaN where TF has NaN; Inf with its sign where TF has Inf.
+    np.testing.assert_array_equal(np.isnan(a), np.isnan(e), err_msg=f"NaN positions: {msg}")
+    inf = np.isinf(e)
+    np.testing.assert_array_equal(a[inf], e[inf], err_msg=f"Inf values: {msg}")
+    np.testing.assert_allclose(a, e, rtol=rtol, atol=atol, err_msg=msg)
+
+
+def assert_reduction_close(case, actual, expected, x, axes, kind: str, keepdims: bool,
+                           msg: str = "") -> None:
+    """Reductions: exact for integers, booleans, max and min; a sum-of-magnitudes
+    bound for sums and means; a relative bound of n ulp for products."""
+    case.assertEqual(actual.dtype, expected.dtype, msg)
+    case.assertEqual(tuple(actual.shape), tuple(expected.shape), msg)
+    dtype = dtype_name(expected)
+    a, e = to_numpy(actual), to_numpy(expected)
+    if dtype not in FLOATS or kind in ("max", "min"):
+        np.testing.assert_array_equal(a, e, err_msg=msg)
+        return
+    xa = to_numpy(x).astype(np.float64)
+    axes = tuple(range(xa.ndim)) if axes is None else tuple(np.atleast_1d(axes) % max(xa.ndim, 1))
+    n = int(np.prod([xa.shape[i] for i in axes])) if axes else 1
+    eps = EPS[dtype]
+    if kind in ("sum", "mean"):
+        bound = (n + 2) * eps * np.sum(np.abs(xa), axis=axes, keepdims=keepdims)
+        if kind == "mean":
+            bound = bound / max(n, 1)
+    else:  # prod
+        bound = (n + 2) * eps * np.abs(np.prod(xa, axis=axes, keepdims=keepdims))
+    bound = np.broadcast_to(bound, e.shape).astype(np.float64)
+    np.testing.assert_array_equal(np.isnan(a), np.isnan(e), err_msg=msg)
+    err = np.abs(a.astype(np.float64) - e.astype(np.float64))
+    # the result is also rounded once to its type
+    bound = bound + eps * np.abs(e.astype(np.float64)) + np.finfo(np.float32).tiny
+    bad = ~(err <= bound) & ~np.isnan(e)
+    case.assertFalse(bad.any(), f"{msg}: reduction error {err[bad][:5]} exceeds bound "
+                                f"{bound[bad][:5]} (fused {a[bad][:5]}, TF {e[bad][:5]})")
+
+
+def optimize_and_run(fn, *args, min_cluster_ops: int = 1, **options):
+    """(optimized, TF result, optimized result) for one call on `args`."""
+    opt = fs.optimize(fn, min_cluster_ops=min_cluster_ops, **options)
+    expected = fn(*args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a fallback is a failure here
+        actual = opt(*args)
+    return opt, expected, actual
+
+
+def fused_op_types(opt) -> set:
+    return {t for c in opt.report().fused_clusters for _, t in c.tf_ops}
+
+
+def fused_clusters_with(opt, op_type: str) -> list:
+    return [c for c in opt.report().fused_clusters if any(t == op_type for _, t in c.tf_ops)]
+
+
+def fusion_stitch_nodes(graph_def) -> list:
+    nodes = [n for n in graph_def.node if n.op == "FusionStitch"]
+    for f in graph_def.library.function:
+        nodes += [n for n in f.node_def if n.op == "FusionStitch"]
+    return nodes
