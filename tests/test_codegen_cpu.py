@@ -251,3 +251,20 @@ def test_every_column_loop_is_vectorised(name, tmp_path):
     # GCC reports a loop at its `for` line or the first lines of its body.
     scalar = [p for p in pragmas if not vectorised & {p + 1, p + 2, p + 3}]
     assert pragmas and not scalar, (scalar, res.stderr[-2000:])
+
+
+def test_dynamic_dimensions_may_broadcast_at_run_time():
+    """TF broadcasts a dimension that turns out to be 1 at run time; so do we."""
+    c = ir.Cluster((("x", T("float32", (N, 8))), ("y", T("float32", (N, 8))),
+                    ("z", T("float32", (4, 8)))), (
+        op("a", "add", ["x", "y"], T("float32", (N, 8))),
+        op("b", "mul", ["a", "z"], T("float32", (4, 8)))), ("b",))
+    assert build_schedule(c).maybe_broadcast == [(0, 0), (1, 0)]
+    z = RNG.standard_normal((4, 8), dtype=np.float32)
+    for nx, ny in ((4, 4), (1, 4), (4, 1), (1, 1)):
+        x = RNG.standard_normal((nx, 8), dtype=np.float32)
+        y = RNG.standard_normal((ny, 8), dtype=np.float32)
+        (b,), _ = run(c, [x, y, z])
+        np.testing.assert_allclose(b, (x + y) * z, rtol=1e-6)
+    with pytest.raises(KernelShapeError, match="Incompatible shapes"):
+        run(c, [np.ones((3, 8), np.float32), np.ones((4, 8), np.float32), z])

@@ -542,7 +542,6 @@ class FunctionTest(tf.test.TestCase):
             assert_same(self, actual[0], expected[0], rtol=1e-5, atol=1e-6)
             assert_same(self, actual[1], expected[1], "transcendental")
 
-    @unittest.expectedFailure  # BUG (fusion IR/schedule/shape check): reported, not fixed
     def test_dynamic_extent_that_broadcasts_at_run_time(self):
         """A None extent may be 1 at run time and broadcast, as TF allows.
 

@@ -58,6 +58,7 @@ class Schedule:
     reductions: frozenset             # reduce ops that really reduce (col -> row)
     hoisted: frozenset                # col values independent of the row: computed once per call
     forward: List[Tuple[int, int]]    # (output index, input index) buffer reuse allowed
+    maybe_broadcast: List[Tuple[int, int]]  # (input index, axis): dynamic dim that may be 1
 
     def axes_of(self, value: str) -> frozenset:
         return frozenset(a for a in self.dim_axes[value] if a is not None)
@@ -260,6 +261,8 @@ def build_schedule(cluster: ir.Cluster) -> Schedule:
         raise UnsupportedCluster("reductions over different axes in one cluster")
     tiled = not reduce_sets
     axes_of = {v: frozenset(a for a in dim_axes[v] if a is not None) for v in types}
+    maybe = _maybe_broadcast(cluster, dim_axes, static_extent)
+    pinned = frozenset(a for _, a in maybe)
 
     if tiled:
         all_axes = frozenset(range(n))
@@ -267,7 +270,7 @@ def build_schedule(cluster: ir.Cluster) -> Schedule:
             if axes_of[o] != all_axes:
                 raise UnsupportedCluster(f"output {o} is broadcast along the cluster's other "
                                          "outputs (it would be written many times)")
-        groups = _coalesce(cluster, dim_axes, list(range(n)), frozenset())
+        groups = _coalesce(cluster, dim_axes, list(range(n)), frozenset(), pinned)
         if groups:
             col_axes = frozenset(groups[-1].axes)
             groups[-1] = AxisGroup(groups[-1].axes, True)
@@ -280,7 +283,7 @@ def build_schedule(cluster: ir.Cluster) -> Schedule:
             ax = axes_of[o]
             if ax != row_axes and ax != row_axes | col_axes:
                 raise UnsupportedCluster(f"output {o} spans neither all row axes nor all axes")
-        groups = _coalesce(cluster, dim_axes, list(range(n)), col_axes)
+        groups = _coalesce(cluster, dim_axes, list(range(n)), col_axes, pinned)
 
     is_col = {v: bool(axes_of[v] & col_axes) for v in types}
     # A reduce over size-1 dimensions only is elementwise (an identity).
@@ -288,18 +291,41 @@ def build_schedule(cluster: ir.Cluster) -> Schedule:
     phase, num_loops = _assign_phases(cluster, is_col, reductions)
     hoisted = _hoistable(cluster, axes_of, frozenset(range(n)) - col_axes, is_col, reductions)
     buffered = _choose_buffers(cluster, is_col, phase, reductions) - hoisted
-    forward = _forwardable(cluster, types, axes_of, is_col, phase, num_loops, n)
+    forward = [(j, i) for j, i in
+               _forwardable(cluster, types, axes_of, is_col, phase, num_loops, n)
+               if not any(k == i for k, _ in maybe)]
     return Schedule(cluster, n, static_extent, col_axes, groups, dim_axes, is_col, phase,
-                    num_loops, buffered, tiled, reductions, hoisted, forward)
+                    num_loops, buffered, tiled, reductions, hoisted, forward, maybe)
 
 
-def _coalesce(cluster, dim_axes, order, col_axes) -> List[AxisGroup]:
-    """Merge adjacent axes of the same kind that every tensor spans alike."""
+def _maybe_broadcast(cluster, dim_axes, static_extent) -> List[Tuple[int, int]]:
+    """Input dimensions unknown at optimization time that may be 1 at run time
+    while the axis is larger, as TF's broadcasting allows: the axis has another
+    source (a static extent, or another input's dimension). They get a run-time
+    stride (0 when broadcast) instead of an assumption."""
+    sources: Dict[int, int] = {}
+    for name, _ in cluster.inputs:
+        for a in dim_axes[name]:
+            if a is not None:
+                sources[a] = sources.get(a, 0) + 1
+    out = []
+    for i, (name, t) in enumerate(cluster.inputs):
+        for d, a in enumerate(dim_axes[name]):
+            if a is not None and t.shape[d] is None and (
+                    static_extent[a] is not None or sources[a] > 1):
+                out.append((i, a))
+    return out
+
+
+def _coalesce(cluster, dim_axes, order, col_axes, pinned=frozenset()) -> List[AxisGroup]:
+    """Merge adjacent axes of the same kind that every tensor spans alike;
+    `pinned` axes (run-time broadcast possible) stay alone."""
     presence = [frozenset(a for a in axes if a is not None) for axes in dim_axes.values()]
     groups: List[AxisGroup] = []
     for a in order:
         kind = a in col_axes
-        if groups and groups[-1].is_col == kind:
+        if groups and groups[-1].is_col == kind and a not in pinned \
+                and groups[-1].axes[-1] not in pinned:
             prev = groups[-1].axes[-1]
             if all((a in p) == (prev in p) for p in presence):
                 groups[-1] = AxisGroup(groups[-1].axes + (a,), kind)

@@ -79,6 +79,8 @@ class Tensor:
     dtype: str
     groups: tuple        # indices of the axis groups this tensor spans
     is_output: bool
+    bcast: dict = dataclasses.field(default_factory=dict)  # group -> ext index of its
+    # run-time broadcast flag (1: this dynamic dimension is 1 and the axis is not)
 
 
 @dataclasses.dataclass
@@ -113,6 +115,8 @@ def lower(s: Schedule) -> Kernel:
 
     tensors = [Tensor(n, t.dtype, groups_of(n), False) for n, t in c.inputs]
     tensors += [Tensor(o, types[o].dtype, groups_of(o), True) for o in c.outputs]
+    for k, (i, axis) in enumerate(s.maybe_broadcast):
+        tensors[i].bcast[group_index[axis]] = s.num_axes + k
     input_index = {n: i for i, (n, _) in enumerate(c.inputs)}
     n_loops = s.num_loops
     segments: List[list] = [[] for _ in range(n_loops + 1)]

@@ -233,8 +233,9 @@ class _Printer:
 
     def col_term(self, tensor: int, g: int) -> str:
         var = f"c{g}"
-        inner = [h for h in self.k.tensors[tensor].groups if h > g]
-        return var if not inner else f"{var} * s{tensor}_{g}"
+        tn = self.k.tensors[tensor]
+        inner = [h for h in tn.groups if h > g]
+        return var if not inner and g not in tn.bcast else f"{var} * s{tensor}_{g}"
 
     # -- statements --------------------------------------------------------
     def stmt(self, st, indent: int, in_loop: bool) -> None:
@@ -303,9 +304,13 @@ class _Printer:
         for i, tn in enumerate(kr.tensors):
             for g in tn.groups:
                 inner = [h for h in tn.groups if h > g]
-                if g in kr.row_groups or inner:  # a unit column stride is printed as c{g}
-                    e(f"const int64_t s{i}_{g} = " + (" * ".join(f"g{h}" for h in inner) or "1")
-                      + ";", 1)
+                if g in kr.row_groups or inner or g in tn.bcast:  # unit stride prints as c{g}
+                    # A dimension broadcast at run time has stride 0 and extent 1.
+                    factors = [f"(ext[{tn.bcast[h]}] ? 1 : g{h})" if h in tn.bcast else f"g{h}"
+                               for h in inner]
+                    if g in tn.bcast:
+                        factors.insert(0, f"(ext[{tn.bcast[g]}] ? 0 : 1)")
+                    e(f"const int64_t s{i}_{g} = " + (" * ".join(factors) or "1") + ";", 1)
         if kr.reduce_axes:
             e("const int64_t count_r = " + " * ".join(f"ext[{a}]" for a in kr.reduce_axes)
               + ";", 1)

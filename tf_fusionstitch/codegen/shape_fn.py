@@ -18,10 +18,15 @@ from tf_fusionstitch.schedule import ELEMENTWISE_TILE, Schedule, UnsupportedClus
 ABI_VERSION = 2  # docs/KERNEL_ABI.md; the op and runtime/cpu_kernel.py check it
 
 
+def num_ext(s: Schedule) -> int:
+    """Iteration extents, then one run-time broadcast flag per maybe-broadcast dim."""
+    return max(s.num_axes + len(s.maybe_broadcast), 1)
+
+
 def print_meta(s: Schedule, export: str) -> str:
     c = s.cluster
     types = c.types()
-    vals: List[int] = [ABI_VERSION, len(c.inputs), len(c.outputs), max(s.num_axes, 1)]
+    vals: List[int] = [ABI_VERSION, len(c.inputs), len(c.outputs), num_ext(s)]
     vals += [t.rank for _, t in c.inputs]
     vals += [types[o].rank for o in c.outputs]
     vals += [DTYPE_CODES[t.dtype] for _, t in c.inputs]
@@ -46,9 +51,15 @@ def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str) -> str:
         for d, a in enumerate(s.dim_axes[name]):
             if a is not None:
                 sources[a].append((i, d))
+    maybe = set(s.maybe_broadcast)
     for a in range(s.num_axes):
         if s.static_extent[a] is not None:
             lines.append(f"  const int64_t e{a} = {s.static_extent[a]};")
+        elif any((i, a) in maybe for i, _ in sources[a]):
+            # Broadcasting: the extent is any source that is not 1.
+            lines.append(f"  int64_t e{a} = 1;")
+            for i, d in sources[a]:
+                lines.append(f"  if (in_dims[{offsets[i] + d}] != 1) e{a} = in_dims[{offsets[i] + d}];")
         elif sources[a]:
             i, d = sources[a][0]
             lines.append(f"  const int64_t e{a} = in_dims[{offsets[i] + d}];")
@@ -59,7 +70,10 @@ def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str) -> str:
         want = []
         for d, a in enumerate(s.dim_axes[name]):
             want.append("1" if a is None else f"e{a}")
-        cond = " || ".join(f"in_dims[{offsets[i] + d}] != {w}" for d, w in enumerate(want))
+        cond = " || ".join(
+            f"(in_dims[{offsets[i] + d}] != {w} && in_dims[{offsets[i] + d}] != 1)"
+            if (i, a) in maybe else f"in_dims[{offsets[i] + d}] != {w}"
+            for d, (w, a) in enumerate(zip(want, s.dim_axes[name])))
         if not cond:
             continue
         shown = ", ".join("%lld" for _ in want) or ""
@@ -76,6 +90,9 @@ def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str) -> str:
         ]
     for a in range(s.num_axes):
         lines.append(f"  ext[{a}] = e{a};")
+    for k, (i, a) in enumerate(s.maybe_broadcast):
+        d = s.dim_axes[c.inputs[i][0]].index(a)
+        lines.append(f"  ext[{s.num_axes + k}] = in_dims[{offsets[i] + d}] == 1 && e{a} != 1;")
     pos = 0
     for o in c.outputs:
         for a in s.dim_axes[o]:  # None marks a size-1 dimension
