@@ -271,7 +271,7 @@ def infer_type(op: Op, ins: Sequence[TensorType]) -> TensorType:
              **{p: 1 for p in REDUCE}, **{p: 1 for p in SHAPE_ONLY}, "const": 0}[op.prim]
     _expect(len(ins) == arity, f"op {op.name}: {op.prim} takes {arity} inputs, got {len(ins)}")
     p = op.prim
-    allowed = {"cast", "axes", "keep_dims", "shape", "value", "alpha", "scale"}
+    allowed = {"axes", "keep_dims", "shape", "value"}
     for k, _ in op.attrs:
         _expect(k in allowed, f"op {op.name}: unknown attribute {k!r:.40}")
     if p == "const":
@@ -316,7 +316,8 @@ def infer_type(op: Op, ins: Sequence[TensorType]) -> TensorType:
                                                   for d in target),
                 f"op {op.name}: shape attribute must be a list of extents")
         if p == "broadcast_to":
-            _expect(broadcast_shapes(x.shape, target) == _merge_unknown(target, x.shape),
+            _expect(broadcast_shapes(x.shape, target) == broadcast_shapes(target, x.shape)
+                    and _shape_compatible(broadcast_shapes(x.shape, target), target),
                     f"op {op.name}: cannot broadcast {list(x.shape)} to {list(target)}")
         else:
             _expect(_squeezed(x.shape) == _squeezed(target),
@@ -324,10 +325,6 @@ def infer_type(op: Op, ins: Sequence[TensorType]) -> TensorType:
                     f"fused ({list(x.shape)} -> {list(target)})")
         return TensorType(x.dtype, target)
     raise SpecError(f"op {op.name}: unknown primitive {p!r}")
-
-
-def _merge_unknown(target: Shape, src: Shape) -> Shape:
-    return broadcast_shapes(target, src)
 
 
 def _squeezed(shape: Shape) -> tuple:

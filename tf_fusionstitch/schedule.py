@@ -228,17 +228,13 @@ def _static_extents(cluster: ir.Cluster, dim_axes: Dict[str, tuple], n: int) -> 
     return ext
 
 
-def _largest_values_first(cluster: ir.Cluster) -> Dict[str, list]:
-    """Values ordered so that the outputs and widest tensors set the axis order."""
+def _largest_values_first(cluster: ir.Cluster) -> List[str]:
+    """Value names, highest rank first (outputs before other values of a rank):
+    the widest tensors set the order of the axes."""
     types = cluster.types()
-    names = list(cluster.outputs) + [op.name for op in reversed(cluster.ops)] + \
-        [n for n, _ in cluster.inputs]
-    seen, ordered = set(), []
-    for nm in sorted(dict.fromkeys(names), key=lambda v: -types[v].rank):
-        if nm not in seen:
-            seen.add(nm)
-            ordered.append(nm)
-    return ordered
+    names = list(dict.fromkeys(list(cluster.outputs) + [op.name for op in reversed(cluster.ops)]
+                               + [n for n, _ in cluster.inputs]))
+    return sorted(names, key=lambda v: -types[v].rank)
 
 
 def build_schedule(cluster: ir.Cluster) -> Schedule:
