@@ -2,7 +2,9 @@
 
 No TensorFlow: a small C++ harness around `CPP_PRELUDE` is compiled with g++
 under the kernel flags, loaded with ctypes, and compared with float64
-references (numpy; math.erf/erfc for erf and erfc).
+references (numpy; math.erf/erfc for erf and erfc). On x86-64 it is built
+twice: for the native target and with FMA switched off (-mno-fma
+-mno-avx512f), which takes the two-rounding fallback of fs__fma.
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ def _compile(cmd):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
-@pytest.fixture(scope="module")
-def harness(tmp_path_factory):
+@pytest.fixture(scope="module", params=["native", "no-fma"])
+def harness(request, tmp_path_factory):
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("g++ not found")
@@ -69,6 +71,14 @@ def harness(tmp_path_factory):
     probe = _compile([gxx, "-march=native", "-x", "c++", "-fsyntax-only", "/dev/null"])
     if probe.returncode == 0:
         flags.append("-march=native")
+    if request.param == "no-fma":
+        # fs__fma without hardware FMA (a * b + c, two roundings) and erfc's
+        # exact square without fmaf; GCC's __FP_FAST_FMAF is off with both.
+        no_fma = ["-mno-fma", "-mno-avx512f"]
+        probe = _compile([gxx, *flags, *no_fma, "-x", "c++", "-fsyntax-only", "/dev/null"])
+        if probe.returncode != 0:
+            pytest.skip("no x86 FMA switches")
+        flags += no_fma
     proc = _compile([gxx, *flags, "-fopt-info-vec-optimized", str(src), "-o", str(out)])
     assert proc.returncode == 0, proc.stderr[-4000:]
     lib = ctypes.CDLL(str(out))
@@ -147,25 +157,28 @@ def _consecutive(start, count):
 
 # Regions that each need dense coverage: near 0, thresholds of overflow,
 # underflow and saturation, and the joins between approximation pieces.
+# The last entries are where the exhaustive maxima of the current
+# implementation lie (module docstring) and where its scaling steps switch
+# (exp: 2^n split at x ~ -85.3; log1p: the c 2^-e term near FLT_MAX).
 DENSE = {
-    "exp": [(-104.0, -86.0), (86.0, 89.0), (-1.0, 1.0)],
-    "expm1": [(-20.0, 1.0), (86.0, 89.0), (-1e-3, 1e-3)],
-    "log": [(0.5, 2.0), (1e-40, 1e-37), (0.99, 1.01)],
-    "log1p": [(-1.0, 1.0), (-1e-3, 1e-3), (0.25, 0.5)],
-    "tanh": [(-10.0, 10.0), (-1.0, 1.0)],
-    "sigmoid": [(-110.0, 90.0), (-20.0, 20.0)],
-    "erf": [(-4.5, 4.5), (0.8, 1.2)],
-    "erfc": [(-5.0, 11.0), (0.3, 1.2), (8.5, 10.2)],
+    "exp": [(-104.0, -86.0), (86.0, 89.0), (-1.0, 1.0), (-90.0, -80.0), (-8.0, 8.0)],
+    "expm1": [(-20.0, 1.0), (86.0, 89.0), (-1e-3, 1e-3), (0.3, 1.1), (-1.1, -0.3)],
+    "log": [(0.5, 2.0), (1e-40, 1e-37), (0.99, 1.01), (0.7, 0.85)],
+    "log1p": [(-1.0, 1.0), (-1e-3, 1e-3), (0.25, 0.5), (-0.3, -0.15), (1e37, 3.4e38)],
+    "tanh": [(-10.0, 10.0), (-1.0, 1.0), (0.03, 0.2)],
+    "sigmoid": [(-110.0, 90.0), (-20.0, 20.0), (-6.0, -2.0), (-104.0, -84.0)],
+    "erf": [(-4.5, 4.5), (0.8, 1.2), (0.05, 0.3), (-1e-3, 1e-3)],
+    "erfc": [(-5.0, 11.0), (0.3, 1.2), (8.5, 10.2), (0.7, 0.9), (9.1, 9.2)],
 }
 CONSECUTIVE = {
-    "exp": [88.5, -87.5, -103.5, -0.35],
-    "expm1": [88.5, 0.34, -0.35, 1e-7, -1e-7],
-    "log": [0.70710, 1.41421, 1.0 - 1e-6, 1e-45],
-    "log1p": [-0.2929, 0.41420, -1.0, 1e-7, -1e-7],
-    "tanh": [0.0, -0.001, 9.0],
-    "sigmoid": [-103.9, 0.0, 16.5],
-    "erf": [0.999, -1.0, 3.9],
-    "erfc": [0.499, -0.501, 0.999, 9.19, 10.0],
+    "exp": [88.5, -87.5, -103.5, -0.35, -85.3, -5.8486],
+    "expm1": [88.5, 0.34, -0.35, 1e-7, -1e-7, 0.3959, 2.98e-8],
+    "log": [0.70710, 1.41421, 1.0 - 1e-6, 1e-45, 0.78929],
+    "log1p": [-0.2929, 0.41420, -1.0, 1e-7, -1e-7, -0.22007],
+    "tanh": [0.0, -0.001, 9.0, 0.062023],
+    "sigmoid": [-103.9, 0.0, 16.5, -4.1573],
+    "erf": [0.999, -1.0, 3.9, 2.1129e-7, 0.109],
+    "erfc": [0.499, -0.501, 0.999, 9.19, 10.0, 0.81469, 9.158],
 }
 
 
@@ -236,6 +249,21 @@ def test_special_values(harness, name):
         else:
             assert gi == wi and np.signbit(gi) == np.signbit(wi), (
                 f"{name}({xi!r}) = {gi!r}, want {wi!r}")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_nan_payloads_and_infinities(harness, name):
+    # The clamps work on bit patterns: every NaN (either sign, any payload)
+    # must come out NaN, the infinities and the largest finite values must
+    # come out as std:: gives them.
+    lib, _, _ = harness
+    nans = _bits(np.array([0x7f800001, 0x7fbfffff, 0x7fc00000, 0x7fc00001, 0x7fffffff,
+                           0xff800001, 0xffbfffff, 0xffc00000, 0xffffffff], dtype=np.uint32))
+    assert np.isnan(_apply(lib, name, nans)).all()
+    x = np.array([INF, -INF, FLT_MAX, -FLT_MAX, np.nextafter(np.float32(INF), np.float32(0))],
+                 dtype=np.float32)
+    err = _ulp_errors(_apply(lib, name, x), _reference(name, x))
+    assert (err <= ULP_BOUNDS[name]).all(), (name, x, err)
 
 
 @pytest.mark.parametrize("name", NAMES)
