@@ -268,3 +268,14 @@ def test_dynamic_dimensions_may_broadcast_at_run_time():
         np.testing.assert_allclose(b, (x + y) * z, rtol=1e-6)
     with pytest.raises(KernelShapeError, match="Incompatible shapes"):
         run(c, [np.ones((3, 8), np.float32), np.ones((4, 8), np.float32), z])
+
+
+def test_no_run_time_broadcast_along_a_reduced_axis():
+    """x[?] may be 1 at run time and broadcast against y[2] only after the
+    reduction: fusing would reduce over 2 copies, so the schedule refuses."""
+    c = ir.Cluster((("x", T("float32", (N,))), ("y", T("float32", (2,)))), (
+        op("s", "reduce_sum", ["x"], T("float32", (1,)), axes=[0], keep_dims=True),
+        op("d", "sub", ["x", "s"], T("float32", (N,))),
+        op("o", "mul", ["d", "y"], T("float32", (2,)))), ("o",))
+    with pytest.raises(UnsupportedCluster, match="reduces"):
+        build_schedule(c)

@@ -259,6 +259,12 @@ def build_schedule(cluster: ir.Cluster) -> Schedule:
     axes_of = {v: frozenset(a for a in dim_axes[v] if a is not None) for v in types}
     maybe = _maybe_broadcast(cluster, dim_axes, static_extent)
     pinned = frozenset(a for _, a in maybe)
+    if reduce_sets and pinned & next(iter(reduce_sets)):
+        # Broadcasting commutes with elementwise ops, not with a reduction over
+        # the broadcast axis: softmax(x[?]) * y[2] with x of size 1 at run time
+        # must reduce over 1 element, then broadcast.
+        raise UnsupportedCluster("a dimension unknown at optimization time may broadcast at "
+                                 "run time along an axis the cluster reduces")
 
     if tiled:
         all_axes = frozenset(range(n))
