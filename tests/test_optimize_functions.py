@@ -228,13 +228,8 @@ class FunctionTest(tf.test.TestCase):
         self.assertLen(opt.reports(), 1)
 
     def test_variable_passed_as_argument(self):
-        """Reproducer:
-            v = tf.Variable(tf.ones([3, 4]))
-            f = tf.function(lambda v, x: tf.nn.relu(v.assign_add(x) * 2.0) + 1.0)
-            fs.optimize(f)(v, tf.ones([3, 4]))
-        NotImplementedError: _as_tf_output not supported when eager execution is
-        enabled: _run_rewritten feeds the eager `v.handle` to import_graph_def
-        (captured variables get tf.identity(handle); arguments do not)."""
+        """A variable passed as an argument is updated in place, as by TF (its
+        eager handle must be captured into the trace, not fed as is)."""
         gen = rng(8050)
         init, x = random(gen, (3, 4), "float32"), random(gen, (3, 4), "float32")
         v, v_ref = tf.Variable(init), tf.Variable(init)
@@ -250,11 +245,7 @@ class FunctionTest(tf.test.TestCase):
         np.testing.assert_array_equal(v.numpy(), v_ref.numpy())
 
     def test_tensor_default_argument(self):
-        """Reproducer:
-            f = tf.function(lambda x, y=tf.constant(2.0): tf.nn.relu(x * y) + 1.0)
-            fs.optimize(f)(tf.ones([3]))
-        NotImplementedError (same cause: bound.apply_defaults() puts the eager
-        default tensor among the feeds of import_graph_def)."""
+        """A tensor default argument works (the eager default is captured)."""
         @tf.function
         def f(x, y=tf.constant(2.0)):
             return tf.nn.relu(x * y) + 1.0
@@ -291,13 +282,7 @@ class FunctionTest(tf.test.TestCase):
         assert_same(self, _quiet_call(opt, x, y=y, z=2.0), f(x, y=y, z=2.0), "exact")
 
     def test_keyword_arguments_with_input_signature(self):
-        """Reproducer:
-            f = tf.function(lambda x, y: x * y + 1.0, input_signature=[
-                tf.TensorSpec([3]), tf.TensorSpec([3])])
-            fs.optimize(f)(x=tf.ones([3]), y=tf.ones([3]))
-        TypeError: Binding inputs to tf.function failed due to `missing a required
-        argument: 'args_0'`: the wrapper tf.function(_trace, input_signature=...)
-        has positional-only parameters args_0, args_1 instead of x, y."""
+        """Keyword calls bind as on the original, with an input signature too."""
         f = tf.function(lambda x, y: tf.nn.relu(x * y) + 1.0,
                         input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([4])])
         gen = rng(8076)
@@ -458,9 +443,8 @@ class FunctionTest(tf.test.TestCase):
                 self.assertLen(opt.reports(), f.experimental_get_tracing_count())
 
     def test_reduce_retracing_is_kept(self):
-        """optimize() wraps `_trace` in a new tf.function without the original's
-        reduce_retracing, so every new shape retraces and recompiles (3 traces
-        here where tf.function makes 2)."""
+        """The original's reduce_retracing is kept: as many traces (and so
+        rewrites and compilations) as tf.function makes."""
         f = tf.function(lambda x: tf.nn.relu(x * 2.0) + 1.0, reduce_retracing=True)
         opt = fs.optimize(f)
         for shape in ((2, 3), (4, 3), (5, 3)):
@@ -543,15 +527,8 @@ class FunctionTest(tf.test.TestCase):
             assert_same(self, actual[1], expected[1], "transcendental")
 
     def test_dynamic_extent_that_broadcasts_at_run_time(self):
-        """A None extent may be 1 at run time and broadcast, as TF allows.
-
-        The fusion IR assumes a dynamic extent never broadcasts (fusion_ir.
-        broadcast_shapes) and the kernel's shape check rejects the call with
-        InvalidArgumentError, where TF returns a result. Reproducer:
-            f = tf.function(lambda x, y: tf.nn.relu(x + y) * 2.0, input_signature=[
-                tf.TensorSpec([None, 8]), tf.TensorSpec([4, 8])])
-            fs.optimize(f)(tf.ones([1, 8]), tf.ones([4, 8]))   # raises
-        """
+        """A None extent may be 1 at run time and broadcast, as TF allows: the
+        kernel reads that input with a run-time stride of 0."""
         gen = rng(8660)
         for sig, shapes in (
                 (([None, 8], [4, 8]), ((1, 8), (4, 8))),

@@ -230,8 +230,9 @@ def _shape_compatible(inferred: Shape, declared: Shape) -> bool:
 def broadcast_shapes(*shapes: Shape) -> Shape:
     """NumPy broadcasting over static extents; None (dynamic) matches anything.
 
-    A dynamic extent is assumed not to broadcast at run time against a larger
-    one; the generated shape check enforces that assumption with a clear error.
+    Statically, a dynamic extent takes the other operand's extent; if it is 1 at
+    run time the kernel broadcasts it with a run-time stride (schedule.py,
+    "maybe_broadcast"), except along a reduced axis, which is not fused.
     """
     rank = max((len(s) for s in shapes), default=0)
     out = []
