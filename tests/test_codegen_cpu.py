@@ -279,3 +279,21 @@ def test_no_run_time_broadcast_along_a_reduced_axis():
         op("o", "mul", ["d", "y"], T("float32", (2,)))), ("o",))
     with pytest.raises(UnsupportedCluster, match="reduces"):
         build_schedule(c)
+
+
+def test_output_that_does_not_see_every_source_of_a_broadcast_axis_is_refused():
+    """x[?]*2 is an output beside x*2 + y[3]: with x of size 1 at run time the
+    first output has 1 element, not 3, so the cluster is not fused."""
+    c = ir.Cluster((("x", T("float32", (N,))), ("y", T("float32", (3,)))), (
+        op("two", "const", [], T("float32", ()), value=2.0),
+        op("a", "mul", ["x", "two"], T("float32", (N,))),
+        op("b", "add", ["a", "y"], T("float32", (3,)))), ("b", "a"))
+    with pytest.raises(UnsupportedCluster, match="smaller than the iteration space"):
+        build_schedule(c)
+
+
+def test_int32_mean_does_not_wrap_like_tf():
+    c = ir.Cluster((("x", T("int32", (N, 2))),), (
+        op("m", "reduce_mean", ["x"], T("int32", (N,)), axes=[1], keep_dims=False),), ("m",))
+    (m,), _ = run(c, [np.full((3, 2), 2**31 - 1, np.int32)])
+    np.testing.assert_array_equal(m, np.full(3, 2**31 - 1, np.int32))

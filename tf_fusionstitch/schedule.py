@@ -259,6 +259,7 @@ def build_schedule(cluster: ir.Cluster) -> Schedule:
     axes_of = {v: frozenset(a for a in dim_axes[v] if a is not None) for v in types}
     maybe = _maybe_broadcast(cluster, dim_axes, static_extent)
     pinned = frozenset(a for _, a in maybe)
+    _check_outputs_follow_their_inputs(cluster, dim_axes, static_extent, maybe)
     if reduce_sets and pinned & next(iter(reduce_sets)):
         # Broadcasting commutes with elementwise ops, not with a reduction over
         # the broadcast axis: softmax(x[?]) * y[2] with x of size 1 at run time
@@ -317,6 +318,37 @@ def _maybe_broadcast(cluster, dim_axes, static_extent) -> List[Tuple[int, int]]:
                     static_extent[a] is not None or sources[a] > 1):
                 out.append((i, a))
     return out
+
+
+def _check_outputs_follow_their_inputs(cluster, dim_axes, static_extent, maybe) -> None:
+    """An output's dynamic dimension on a maybe-broadcast axis has the run-time
+    extent of the inputs it depends on. If it does not depend on every source of
+    that axis (x*2 beside x*2 + y[3], with x of size 1 at run time), the iteration
+    extent could be larger than the output: refuse rather than broadcast it."""
+    if not maybe:
+        return
+    ops = cluster.op_by_name()
+    inputs = [n for n, _ in cluster.inputs]
+    pinned = {a for _, a in maybe}
+    sources = {a: {i for i, n in enumerate(inputs) if a in dim_axes[n]} for a in pinned}
+    cone_memo: Dict[str, frozenset] = {}
+
+    def cone(v):  # indices of the inputs that v depends on
+        if v not in cone_memo:
+            if v in ops:
+                cone_memo[v] = frozenset().union(*(cone(i) for i in ops[v].inputs)) \
+                    if ops[v].inputs else frozenset()
+            else:
+                cone_memo[v] = frozenset({inputs.index(v)})
+        return cone_memo[v]
+
+    types = cluster.types()
+    for o in cluster.outputs:
+        for d, a in enumerate(dim_axes[o]):
+            if a in pinned and types[o].shape[d] is None and (
+                    static_extent[a] is not None or not sources[a] <= cone(o)):
+                raise UnsupportedCluster(f"output {o} may be smaller than the iteration space "
+                                         "when a dynamic dimension broadcasts at run time")
 
 
 def _coalesce(cluster, dim_axes, order, col_axes, pinned=frozenset()) -> List[AxisGroup]:

@@ -257,7 +257,11 @@ class _Printer:
             raise TypeError(f"unknown statement {st!r}")
 
     def acc_type(self, dtype: str, kind: str) -> str:
-        return "int" if kind in ("reduce_any", "reduce_all") else COMPUTE[dtype]
+        if kind in ("reduce_any", "reduce_all"):
+            return "int"
+        if kind == "reduce_mean" and dtype == "int32":
+            return "int64_t"  # TF's int32 mean does not wrap in its sum
+        return COMPUTE[dtype]
 
     def init_acc(self, acc: k.Accumulate, indent: int) -> None:
         ident, _, _ = _REDUCE[acc.kind]
