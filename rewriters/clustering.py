@@ -12,7 +12,7 @@ Stateful ops are never fusible, so their order is never changed.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Set
+from typing import Dict, List, Set
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.rewriters import op_table
@@ -65,8 +65,7 @@ def _creates_cycle(view: GraphView, members: Set[str]) -> bool:
     return False
 
 
-def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
-                  accept: Callable[[List[str]], bool] = None) -> List[List[str]]:
+def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor]) -> List[List[str]]:
     """Greedy: visit edges in topological order of the consumer and merge the
     two clusters whenever the result is legal."""
     owner = {n: n for n in candidates}
@@ -79,7 +78,7 @@ def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
             build_schedule(lower_nodes(view, nodes, fetches).cluster)
         except _LOWERING_ERRORS:
             return False
-        return accept is None or accept(nodes)
+        return True
 
     for consumer in view.order:
         if consumer not in candidates:

@@ -58,7 +58,3 @@ class Report:
             if len(self.unfused_ops) > 20:
                 lines.append(f"    ... and {len(self.unfused_ops) - 20} more")
         return "\n".join(lines)
-
-
-def merge(reports: List[Report]) -> str:
-    return "\n\n".join(str(r) for r in reports)

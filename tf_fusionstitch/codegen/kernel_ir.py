@@ -10,7 +10,7 @@ per-target tables. `lower(schedule)` builds it. No TensorFlow import here.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.schedule import Schedule

@@ -90,9 +90,9 @@ def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str) -> str:
         ]
     for a in range(s.num_axes):
         lines.append(f"  ext[{a}] = e{a};")
-    for k, (i, a) in enumerate(s.maybe_broadcast):
+    for flag, (i, a) in enumerate(s.maybe_broadcast):
         d = s.dim_axes[c.inputs[i][0]].index(a)
-        lines.append(f"  ext[{s.num_axes + k}] = in_dims[{offsets[i] + d}] == 1 && e{a} != 1;")
+        lines.append(f"  ext[{s.num_axes + flag}] = in_dims[{offsets[i] + d}] == 1 && e{a} != 1;")
     pos = 0
     for o in c.outputs:
         for a in s.dim_axes[o]:  # None marks a size-1 dimension
@@ -110,7 +110,7 @@ def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str) -> str:
     else:
         lines.append("  const int64_t per_item = n_cols;")
         lines.append(f"  work[0] = {rows};")
-    stmts = sum(len(l) for l in kernel.loops) + sum(len(a) for a in kernel.accumulators)
+    stmts = sum(len(loop) for loop in kernel.loops) + sum(len(a) for a in kernel.accumulators)
     lines.append(f"  work[1] = 16 + per_item * {max(stmts, 1)};")
     lines += ["  (void)in_dims; (void)msg; (void)err; (void)errlen;", "  return 0;", "}"]
     return "\n".join(lines)
