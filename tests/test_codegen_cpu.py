@@ -21,10 +21,12 @@ RNG = np.random.default_rng(1234)
 
 
 def run(cluster, inputs, threads=2):
+    """Runs with outputs forwarded into input buffers where the kernel allows,
+    as the FusionStitch op does, so every test covers the in-place case."""
     kernel = build_cpu_kernel(cluster)
     types = cluster.types()
     runner = CpuKernel(kernel.path, [as_dtype(types[o].dtype) for o in cluster.outputs])
-    return runner.run(inputs, threads=threads), kernel
+    return runner.run(inputs, threads=threads, forward=True), kernel
 
 
 def layernorm_cluster(width):
@@ -79,6 +81,21 @@ def test_softmax_buffers_the_exponentials_and_propagates_nan():
     mask = ~np.isnan(ref)
     np.testing.assert_allclose(y[mask], ref[mask], rtol=2e-6, atol=1e-7)
     assert kernel.buffered == ("e",)
+
+
+def test_forwarded_output_is_stored_after_every_load_of_its_input():
+    """Found by the fuzzer: `y` may take `m`'s buffer, and `z` reads `m` after
+    `y` is computed; storing `y` at once clobbered `m` before that read."""
+    f, b = T("float32", (2, 3)), T("bool", (2, 3))
+    c = ir.Cluster((("m", f), ("a", f), ("k", b)), (
+        op("y", "neg", ["a"], f),
+        op("z", "select", ["k", "y", "m"], f)), ("y", "z"))
+    assert (0, 1) in build_schedule(c).forward
+    a, m = (RNG.standard_normal((2, 3), dtype=np.float32) for _ in range(2))
+    k = RNG.random((2, 3)) < 0.5
+    (y, z), _ = run(c, [m, a, k])
+    np.testing.assert_array_equal(y, -a)
+    np.testing.assert_array_equal(z, np.where(k, -a, m))
 
 
 def test_reduction_over_leading_and_interleaved_axes():

@@ -122,6 +122,9 @@ def lower(s: Schedule) -> Kernel:
     segments: List[list] = [[] for _ in range(n_loops + 1)]
     loops: List[list] = [[] for _ in range(n_loops)]
     accs: List[list] = [[] for _ in range(n_loops)]
+    # Output stores end each loop body: a forwarded output shares its buffer
+    # with an input, so every load of the element must come first.
+    stores: List[list] = [[] for _ in range(n_loops)]
 
     # Row values: inputs that do not vary along the columns load once per row.
     for name, t in c.inputs:
@@ -176,10 +179,12 @@ def lower(s: Schedule) -> Kernel:
         if op.name in outputs:
             stmt = Store(outputs[op.name], _v(op.name), op.type.dtype)
             if s.is_col[op.name]:
-                loops[s.phase[op.name]].append(stmt)
+                stores[s.phase[op.name]].append(stmt)
             else:
                 segments[s.phase[op.name]].append(stmt)
 
+    for body, tail in zip(loops, stores):
+        body.extend(tail)
     col_groups = [i for i, g in enumerate(s.groups) if g.is_col]
     row_groups = [i for i, g in enumerate(s.groups) if not g.is_col]
     return Kernel(

@@ -105,8 +105,13 @@ class CpuKernel:
                                  f"{name}, but dtype {dtype} was given")
         return given
 
-    def run(self, inputs: Sequence[np.ndarray], threads: int = 1) -> list[np.ndarray]:
-        """Outputs for `inputs`; work items are split over `threads` threads."""
+    def run(self, inputs: Sequence[np.ndarray], threads: int = 1,
+            forward: bool = False) -> list[np.ndarray]:
+        """Outputs for `inputs`; work items are split over `threads` threads.
+
+        With `forward`, outputs share buffers with inputs as the FusionStitch op
+        does (fs_meta's forward pairs; the callers' arrays are copied first, so
+        they stay intact): the in-place case that tests must exercise."""
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         arrays = self._check_inputs(inputs)
@@ -128,6 +133,16 @@ class CpuKernel:
                 raise KernelLoadError(f"kernel {self.path}: fs_shape returned a negative "
                                       f"output extent {shape} (a code generation bug)")
             outputs.append(np.empty(shape, dtype=dtype))
+        if forward:
+            arrays = list(arrays)
+            taken = set()  # outputs and inputs already paired, as in TF: once each
+            for out, inp in meta.forward:
+                a = arrays[inp]
+                if ({("out", out), ("in", inp)} & taken or a.shape != outputs[out].shape
+                        or a.dtype != outputs[out].dtype):
+                    continue
+                taken |= {("out", out), ("in", inp)}
+                arrays[inp] = outputs[out] = a.copy()
 
         bufs = (ctypes.c_void_p * max(1, len(arrays) + len(outputs)))(
             *[a.ctypes.data for a in (*arrays, *outputs)])
