@@ -33,7 +33,8 @@ def _harness_source():
 
     Returns (source, {name: line of the vector loop}).
     """
-    lines = CPP_PRELUDE.splitlines()
+    lines = ["#if defined(__SSE__)", "#include <xmmintrin.h>", "#endif"]
+    lines += CPP_PRELUDE.splitlines()
     loop_line = {}
     for name in NAMES:
         fn = FLOAT32_FUNCTIONS[name]
@@ -43,6 +44,15 @@ def _harness_source():
         lines.append(f"  for (int64_t i = 0; i < n; ++i) y[i] = {fn}(x[i]);")
         lines.append("}")
         lines.append(f'extern "C" float one_{name}(float x) {{ return {fn}(x); }}')
+        # TF's intra-op threads run with flush-to-zero and denormals-are-zero.
+        lines += ["#if defined(__SSE__)",
+                  f'extern "C" void ftz_{name}(const float* x, float* y, int64_t n) {{',
+                  "  unsigned int saved = _mm_getcsr();",
+                  "  _mm_setcsr(saved | 0x8040u);",
+                  f"  vec_{name}(x, y, n);",
+                  "  _mm_setcsr(saved);",
+                  "}",
+                  "#endif"]
     for name, (src_t, dst_t, fn) in {"to_bf16": ("float", "uint16_t", "fs_f32_to_bf16"),
                                      "from_bf16": ("uint16_t", "float", "fs_bf16_to_f32")}.items():
         lines.append(f'extern "C" void {name}(const {src_t}* x, {dst_t}* y, int64_t n) {{')
@@ -277,6 +287,28 @@ def test_vector_and_scalar_results_are_identical(harness, name):
     scalar = np.array([one(float(v)) for v in x], dtype=np.float32)
     same = (y.view(np.uint32) == scalar.view(np.uint32)) | (np.isnan(y) & np.isnan(scalar))
     assert same.all(), f"{name}: first difference at x={float(x[np.argmin(same)])!r}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_normal_results_survive_flush_to_zero(harness, name):
+    """Kernels inside TF run with FTZ/DAZ set. Where the result is a normal
+    float and the input is not a denormal, no intermediate may underflow: the
+    result must be the same bits as without FTZ (erfc near 9.16 once became 0)."""
+    lib, _, _ = harness
+    if not hasattr(lib, f"ftz_{name}"):
+        pytest.skip("flush-to-zero is set through SSE's MXCSR; not an SSE target")
+    x = _inputs(name, np.random.default_rng(11))
+    plain = _apply(lib, name, x)
+    fptr = ctypes.POINTER(ctypes.c_float)
+    flushed = np.empty_like(x)
+    getattr(lib, f"ftz_{name}")(x.ctypes.data_as(fptr), flushed.ctypes.data_as(fptr), x.size)
+    tiny = np.finfo(np.float32).tiny
+    with np.errstate(invalid="ignore"):
+        check = ~(np.abs(x) < tiny) & ~(np.abs(plain) < tiny)
+    same = (plain.view(np.uint32) == flushed.view(np.uint32)) | (np.isnan(plain) & np.isnan(flushed))
+    bad = check & ~same
+    assert not bad.any(), (f"{name}: {int(bad.sum())} results change under FTZ, e.g. "
+                           f"x={float(x[bad][0])!r}: {plain[bad][0]!r} -> {flushed[bad][0]!r}")
 
 
 def test_every_loop_is_vectorised(harness):
