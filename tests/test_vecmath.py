@@ -350,6 +350,6 @@ def test_bfloat16_conversions(harness):
 
 def test_prelude_includes_only_the_allowed_headers():
     includes = set(re.findall(r"#include\s*<([^>]+)>", CPP_PRELUDE))
-    assert includes == {"cstdint", "cstring", "cmath", "limits"}
+    assert includes == {"cstdint", "cstring", "limits"}
     for name, fn in FLOAT32_FUNCTIONS.items():
         assert f"static inline float {fn}(float x)" in CPP_PRELUDE, name

@@ -121,7 +121,6 @@ CPP_PRELUDE = r"""
 // float16 uses GCC's _Float16 directly.
 #include <cstdint>
 #include <cstring>
-#include <cmath>
 #include <limits>
 
 static inline uint32_t fs__bits(float x) { uint32_t u; std::memcpy(&u, &x, sizeof u); return u; }
