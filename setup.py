@@ -9,6 +9,7 @@ PACKAGES = {
     "tf_fusionstitch.tools": "tf_fusionstitch/tools",
     "tf_fusionstitch.rewriters": "rewriters",
     "tf_fusionstitch.custom_ops": "custom_ops",
+    "tf_fusionstitch.planner": "planner",
 }
 
 setup(

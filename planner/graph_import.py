@@ -1,0 +1,194 @@
+"""TensorFlow -> planner IR. The only planner module besides `reference_models` that imports TF.
+
+`from_function` traces a tf.function (a training step: forward, backward, optimizer update;
+or inference) with example inputs and reads its graph: static shapes come from TF's shape
+inference, and the placeholders that carry captured variable handles are mapped back to the
+variables (named as TF names them, e.g. `wq:0`). `from_tf_graph` reads a graph built in
+graph mode (variables as VarHandleOp nodes), which lets large models be planned without
+allocating their weights.
+"""
+
+import tensorflow as tf
+
+from tf_fusionstitch.planner import ir
+
+# Attributes the axis rules read, copied as plain Python values.
+_ATTRS = ("transpose_a", "transpose_b", "adj_x", "adj_y", "keep_dims", "batch_dims",
+          "data_format", "equation", "axis")
+# Inputs holding constants the rules need: op type -> (input index, attrs key).
+_CONST_INPUTS = {
+    "Transpose": (1, "perm"), "Sum": (1, "axes"), "Mean": (1, "axes"), "Max": (1, "axes"),
+    "Min": (1, "axes"), "Prod": (1, "axes"), "All": (1, "axes"), "Any": (1, "axes"),
+    "EuclideanNorm": (1, "axes"), "GatherV2": (2, "axis"), "ConcatV2": (-1, "axis"),
+}
+
+
+def _plain(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _itemsize(dtype):
+    try:
+        return int(dtype.size)
+    except (TypeError, ValueError, AttributeError):
+        return 0
+
+
+def _shape(t):
+    shape = t.shape
+    if shape.rank is None:
+        return ()
+    dims = []
+    for d in shape.as_list():
+        if d is None:
+            # Integer metadata (shapes, indices of dynamic size) does not matter to the cost;
+            # an unknown floating extent does, and finalize() refuses it.
+            d = 1 if (t.dtype.is_integer or t.dtype == tf.bool) else -1
+        dims.append(d)
+    return tuple(dims)
+
+
+def _static_value(tensor):
+    value = tf.get_static_value(tensor)
+    if value is None and tensor.op.type == "InvertPermutation":
+        # Transpose gradients permute by the inverse of a constant permutation.
+        perm = tf.get_static_value(tensor.op.inputs[0])
+        if perm is not None:
+            value = perm.argsort()
+    return value
+
+
+def from_tf_graph(graph, variables, inputs, outputs, ops=None, name="graph"):
+    """Builds an `ir.Graph` from a tf.Graph (or FuncGraph).
+
+    variables: {handle tensor name: (variable name, trainable[, shape, tf dtype])}; without
+    shape and dtype the handle must come from a VarHandleOp.
+    inputs / outputs: data input and output tensor names. ops: the tf.Operations to import
+    (default all; graph-mode builds pass the step's ops, leaving out initialisers).
+    """
+    g = ir.Graph(name)
+    chosen = list(ops) if ops is not None else graph.get_operations()
+    chosen_names = {op.name for op in chosen}
+    # Tensors read from ops left out (e.g. VarHandleOps) enter as placeholders.
+    for op in chosen:
+        for t in op.inputs:
+            if t.op.name not in chosen_names and t.name not in g.tensors:
+                g.add_tensor(ir.Tensor(t.name, _shape(t), t.dtype.name, _itemsize(t.dtype)))
+                g.add_op(ir.Op(t.op.name + "/external:" + str(t.value_index), "Placeholder",
+                               [], [t.name]))
+    for op in chosen:
+        for t in op.outputs:
+            g.add_tensor(ir.Tensor(t.name, _shape(t), t.dtype.name, _itemsize(t.dtype)))
+        attrs = {}
+        for key in _ATTRS:
+            try:
+                attrs[key] = _plain(op.get_attr(key))
+            except (ValueError, TypeError):
+                pass
+        if op.type in _CONST_INPUTS:
+            index, key = _CONST_INPUTS[op.type]
+            value = _static_value(op.inputs[index])
+            if value is not None:
+                value = value.tolist()
+                attrs[key] = value if key != "axes" or isinstance(value, list) else [value]
+        g.add_op(ir.Op(op.name, op.type, [t.name for t in op.inputs],
+                       [t.name for t in op.outputs], attrs))
+    for handle, info in variables.items():
+        if handle not in g.tensors:
+            continue
+        var_name, trainable = info[:2]
+        shape, dtype = info[2:] if len(info) == 4 else _variable_shape_dtype(
+            graph.get_tensor_by_name(handle))
+        g.add_variable(ir.Variable(var_name, shape, dtype.name, _itemsize(dtype), handle,
+                                   trainable))
+    _propagate_handles(g)
+    g.inputs = [n for n in inputs if n in g.tensors]
+    g.outputs = [n for n in outputs if n in g.tensors]
+    return g.finalize()
+
+
+def _variable_shape_dtype(handle):
+    op = handle.op
+    if op.type == "VarHandleOp":
+        return tuple(tf.TensorShape(op.get_attr("shape")).as_list()), op.get_attr("dtype")
+    raise ValueError(f"cannot tell the shape of the variable behind {handle.name}")
+
+
+def _propagate_handles(g):
+    # tf.identity(handle) and the like carry the same variable.
+    for op in g.ops.values():
+        if op.type in ("Identity", "IdentityN") and op.inputs:
+            src = g.tensors[op.inputs[0]]
+            if src.variable:
+                for out in op.outputs:
+                    t = g.tensors[out]
+                    t.variable, t.shape, t.dtype = src.variable, src.shape, src.dtype
+                    t.itemsize = src.itemsize
+
+
+def trace(fn, example_inputs):
+    """Traces `fn` (a tf.function or a Python function) and returns its ConcreteFunction."""
+    if not callable(fn):
+        raise ValueError(f"fn must be a tf.function or callable, got {type(fn).__name__}")
+    if not hasattr(fn, "get_concrete_function"):
+        fn = tf.function(fn)
+    return fn.get_concrete_function(*example_inputs)
+
+
+def from_function(fn, example_inputs, variables=(), name=None):
+    """IR of `fn` traced on `example_inputs`; returns (ir.Graph, GraphDef, ConcreteFunction).
+
+    Variables the function reads are found by TF; `variables` adds ones it only touches
+    through raw handles (e.g. optimizer slots passed to `tf.raw_ops.ResourceApplyAdam`).
+    """
+    concrete = trace(fn, example_inputs)
+    graph = concrete.graph
+    by_handle = {id(v.handle): v for v in list(concrete.variables) + list(variables)}
+    found, captured = {}, set()
+    for external, internal in graph.captures:
+        var = by_handle.get(id(external))
+        if var is not None:
+            found[internal.name] = (var.name, bool(var.trainable), tuple(var.shape.as_list()),
+                                    var.dtype)
+        captured.add(internal.name)
+    inputs = [t.name for t in graph.inputs if t.name not in captured
+              and t.dtype != tf.resource]
+    outputs = [t.name for t in graph.outputs]
+    unknown = [internal.name for external, internal in graph.captures
+               if internal.dtype == tf.resource and internal.name not in found]
+    if unknown:
+        raise ValueError(f"captured resource handle(s) {unknown[:3]} belong to no known "
+                         "variable: pass those variables as `variables=`")
+    fn_name = name or getattr(fn, "__name__", None) or "function"
+    g = from_tf_graph(graph, found, inputs, outputs, name=fn_name)
+    return g, graph.as_graph_def(), concrete
+
+
+def variables_of_graph(graph):
+    """{VarHandleOp output name: (variable name, trainable)} of a graph-mode graph."""
+    trainable = {v.handle.name for v in graph.get_collection(
+        tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
+    found = {}
+    for op in graph.get_operations():
+        if op.type == "VarHandleOp":
+            name = _plain(op.get_attr("shared_name")) or op.name
+            found[op.outputs[0].name] = (name + ":0", op.outputs[0].name in trainable)
+    return found
+
+
+def from_graph_def(graph_def, inputs, outputs, name="graph"):
+    """IR of a GraphDef whose variables are VarHandleOp nodes (shapes from TF's inference)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    variables = variables_of_graph(graph)
+    if not any(trainable for _, trainable in variables.values()):
+        # A bare GraphDef has no collections: call a variable trainable if the forward pass
+        # reads it (optimizer slots are read only by the update).
+        variables = {h: (n, True) for h, (n, _) in variables.items()}
+        g = from_tf_graph(graph, variables, inputs, outputs, name=name)
+        for var in g.variables.values():
+            readers = [g.ops[c] for c in g.tensors[var.handle].consumers]
+            var.trainable = any(op.phase == ir.FORWARD for op in readers)
+        return g
+    return from_tf_graph(graph, variables, inputs, outputs, name=name)

@@ -1,0 +1,377 @@
+"""Per-op facts the planner needs, keyed by TF op type names (strings only; TF-free).
+
+For each op: its FLOPs and bytes moved, and its *axis rule*: which axes of its inputs and
+outputs are the same axis (ties), which input axes it sums over linearly (contractions: a
+split there leaves a partial sum), and which it needs whole (a split there must be gathered
+first). An op this table does not know gets the conservative rule: no ties, every input axis
+needed whole, no partial sums passed through.
+"""
+
+import dataclasses
+import math
+import re
+
+# Ops that move no data and do no arithmetic (views, handles, metadata).
+_FREE = frozenset("""
+Const Placeholder PlaceholderWithDefault Shape ShapeN Size Rank NoOp Identity IdentityN Reshape
+Squeeze ExpandDims ReadVariableOp VarHandleOp VariableV2 StopGradient PreventGradient Snapshot
+BroadcastGradientArgs EnsureShape _Arg _Retval Range
+""".split())
+
+_UNARY = frozenset("""
+Abs Acos Acosh Asin Asinh Atan Atanh Cast Ceil Cos Cosh Erf Erfc Exp Expm1 Floor Identity Inv
+IsFinite IsInf IsNan Log Log1p LogicalNot Neg OnesLike ZerosLike Reciprocal Relu Relu6 Elu
+Selu Rint Round Rsqrt Sigmoid Sign Sin Sinh Softplus Softsign Sqrt Square Tan Tanh
+StopGradient PreventGradient CheckNumerics Snapshot LeakyRelu EnsureShape Digamma Lgamma
+""".split())
+
+_NARY = frozenset("""
+Add AddV2 Sub Mul RealDiv Div DivNoNan FloorDiv FloorMod Maximum Minimum Pow SquaredDifference
+Equal NotEqual Less LessEqual Greater GreaterEqual LogicalAnd LogicalOr ReluGrad Relu6Grad
+EluGrad SeluGrad SigmoidGrad TanhGrad RsqrtGrad SqrtGrad ReciprocalGrad SoftplusGrad
+LeakyReluGrad Select SelectV2 AddN MulNoNan Atan2 Xdivy Xlogy ClipByValue BiasAdd
+""".split()) - {"BiasAdd"}
+
+# Ops linear in their inputs taken together, through which partial sums pass unreduced.
+# (Sums of partial sums are partial sums; a view of a partial sum is one.)
+_PASS_PARTIAL = frozenset("Identity Reshape Transpose Squeeze ExpandDims Snapshot Neg".split())
+_ADDITIVE = frozenset("Add AddV2 AddN Sub".split())
+
+_LINEAR_REDUCE = frozenset("Sum Mean".split())
+_OTHER_REDUCE = frozenset("Max Min Prod All Any EuclideanNorm".split())
+
+_MATMUL = frozenset("MatMul BatchMatMul BatchMatMulV2 BatchMatMulV3".split())
+
+_WRITES_VARIABLE = re.compile(r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+|"
+                              r"ResourceSparseApply\w+|ResourceScatter\w+)$")
+
+
+def writes_variable(op_type):
+    return bool(_WRITES_VARIABLE.match(op_type))
+
+
+def is_free(op_type):
+    return op_type in _FREE
+
+
+@dataclasses.dataclass
+class AxisRule:
+    """Axis facts of one op. Ports are ("i", k) for input k, ("o", k) for output k.
+
+    ties: pairs ((port, axis), (port, axis)) that are one axis (same extent, same split).
+    contract: (input k, axis) summed linearly: splitting it leaves partial sums in the output.
+    whole: (input k, axis) that must be whole: a split there is all-gathered first.
+    pass_partial: a partial-sum input yields a partial-sum output without reduction.
+    additive: inputs are added: partial inputs combine, and one reduction serves them all.
+    """
+    ties: list = dataclasses.field(default_factory=list)
+    contract: list = dataclasses.field(default_factory=list)
+    whole: list = dataclasses.field(default_factory=list)
+    pass_partial: bool = False
+    additive: bool = False
+
+
+def _conservative(ins):
+    return AxisRule(whole=[(k, a) for k, t in enumerate(ins) for a in range(t.rank)])
+
+
+def _broadcast_ties(ins, out, input_indices):
+    """Numpy broadcasting: equal extents aligned from the right are one axis."""
+    ties, whole = [], []
+    r = out.rank
+    for k in input_indices:
+        t = ins[k]
+        if t.rank > r:
+            whole.extend((k, a) for a in range(t.rank))
+            continue
+        for a in range(t.rank):
+            j = a + r - t.rank
+            if t.shape[a] == out.shape[j] and t.shape[a] != 1:
+                ties.append(((("i", k), a), (("o", 0), j)))
+            elif t.shape[a] != 1:
+                whole.append((k, a))
+    return ties, whole
+
+
+def reshape_ties(in_shape, out_shape):
+    """Pairs (in axis, out axis) that are one axis under a row-major reshape.
+
+    Axes are grouped into runs of equal product; within a run only the outermost axes are
+    tied, because splitting the outer factor of a merged axis into contiguous blocks is the
+    same partition as splitting the merged axis.
+    """
+    if math.prod(in_shape) != math.prod(out_shape):
+        return []
+    pairs, i, j = [], 0, 0
+    a, b = list(in_shape), list(out_shape)
+    while i < len(a) and j < len(b):
+        if a[i] == 1:
+            i += 1
+            continue
+        if b[j] == 1:
+            j += 1
+            continue
+        i0, j0, pa, pb = i, j, a[i], b[j]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb:
+                if i >= len(a):
+                    return pairs
+                pa *= a[i]
+                i += 1
+            else:
+                if j >= len(b):
+                    return pairs
+                pb *= b[j]
+                j += 1
+        pairs.append((i0, j0))
+    return pairs
+
+
+def _matmul_rule(op, ins, outs):
+    a, b, out = ins[0], ins[1], outs[0]
+    if op.type == "MatMul":
+        ta, tb = op.attrs.get("transpose_a", False), op.attrs.get("transpose_b", False)
+        am, ak = (1, 0) if ta else (0, 1)
+        bk, bn = (1, 0) if tb else (0, 1)
+        ties = [((("i", 0), am), (("o", 0), 0)), ((("i", 1), bn), (("o", 0), 1)),
+                ((("i", 0), ak), (("i", 1), bk))]
+        return AxisRule(ties=ties, contract=[(0, ak), (1, bk)])
+    adj_x, adj_y = op.attrs.get("adj_x", False), op.attrs.get("adj_y", False)
+    ra, rb, ro = a.rank, b.rank, out.rank
+    ties, whole = [], []
+    for j in range(ro - 2):
+        for k, t in ((0, a), (1, b)):
+            ax = j - (ro - t.rank)
+            if ax >= 0:
+                if t.shape[ax] == out.shape[j] and t.shape[ax] != 1:
+                    ties.append(((("i", k), ax), (("o", 0), j)))
+                elif t.shape[ax] != 1:
+                    whole.append((k, ax))
+    am, ak = (ra - 1, ra - 2) if adj_x else (ra - 2, ra - 1)
+    bk, bn = (rb - 1, rb - 2) if adj_y else (rb - 2, rb - 1)
+    ties += [((("i", 0), am), (("o", 0), ro - 2)), ((("i", 1), bn), (("o", 0), ro - 1)),
+             ((("i", 0), ak), (("i", 1), bk))]
+    return AxisRule(ties=ties, contract=[(0, ak), (1, bk)], whole=whole)
+
+
+def _einsum_rule(op, ins, outs):
+    eq = op.attrs.get("equation", "").replace(" ", "")
+    if "..." in eq or "->" not in eq:
+        return _conservative(ins)
+    lhs, rhs = eq.split("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ins):
+        return _conservative(ins)
+    seen, ties, contract = {}, [], []
+    ports = [(("i", k), term) for k, term in enumerate(terms)] + [(("o", 0), rhs)]
+    for port, term in ports:
+        for axis, label in enumerate(term):
+            if label in seen:
+                ties.append((seen[label], (port, axis)))
+            else:
+                seen[label] = (port, axis)
+            if port[0] == "i" and label not in rhs:
+                contract.append((port[1], axis))
+    return AxisRule(ties=ties, contract=contract)
+
+
+def _reduce_rule(op, ins, outs, linear):
+    x = ins[0]
+    axes = op.attrs.get("axes")
+    if axes is None:
+        return _conservative(ins)
+    axes = sorted({a % x.rank for a in axes}) if x.rank else []
+    keep = op.attrs.get("keep_dims", False)
+    ties, j = [], 0
+    for a in range(x.rank):
+        if a in axes:
+            if keep:
+                j += 1
+            continue
+        ties.append(((("i", 0), a), (("o", 0), j)))
+        j += 1
+    reduced = [(0, a) for a in axes]
+    return AxisRule(ties=ties, contract=reduced if linear else [],
+                    whole=[] if linear else reduced)
+
+
+def axis_rule(op, ins, outs):
+    """The AxisRule of `op` given its input and output Tensors (static shapes)."""
+    t = op.type
+    if t in ("Const", "Placeholder", "NoOp", "VarHandleOp", "Shape", "Size", "Rank",
+             "BroadcastGradientArgs", "ShapeN", "Range"):
+        return AxisRule()
+    if t in ("Reshape", "Squeeze", "ExpandDims"):
+        ties = [((("i", 0), i), (("o", 0), j)) for i, j in reshape_ties(ins[0].shape,
+                                                                       outs[0].shape)]
+        tied = {i for (_, i), _ in ties}
+        whole = [(0, a) for a in range(ins[0].rank) if a not in tied and ins[0].shape[a] != 1]
+        return AxisRule(ties=ties, whole=whole, pass_partial=True)
+    if t == "Transpose":
+        perm = op.attrs.get("perm")
+        if perm is None:
+            return _conservative(ins)
+        return AxisRule(ties=[((("i", 0), p), (("o", 0), j)) for j, p in enumerate(perm)],
+                        pass_partial=True)
+    if t == "ReadVariableOp" or t in _UNARY:
+        n = min(ins[0].rank, outs[0].rank) if outs else 0
+        same = ins[0].shape == outs[0].shape
+        ties = [((("i", 0), a), (("o", 0), a)) for a in range(n)] if same else []
+        return AxisRule(ties=ties, pass_partial=t in _PASS_PARTIAL or t == "ReadVariableOp")
+    if t in _NARY:
+        ties, whole = _broadcast_ties(ins, outs[0], range(len(ins)))
+        return AxisRule(ties=ties, whole=whole, additive=t in _ADDITIVE,
+                        pass_partial=False)
+    if t == "BroadcastTo":
+        ties, whole = _broadcast_ties(ins, outs[0], [0])
+        return AxisRule(ties=ties, whole=whole)
+    if t == "BiasAdd":
+        x, bias = ins[0], ins[1]
+        c = 1 if op.attrs.get("data_format", "NHWC") == "NCHW" else x.rank - 1
+        ties = [((("i", 0), a), (("o", 0), a)) for a in range(x.rank)]
+        ties.append(((("i", 1), 0), (("o", 0), c)))
+        return AxisRule(ties=ties)
+    if t == "BiasAddGrad":
+        x = ins[0]
+        c = 1 if op.attrs.get("data_format", "NHWC") == "NCHW" else x.rank - 1
+        return AxisRule(ties=[((("i", 0), c), (("o", 0), 0))],
+                        contract=[(0, a) for a in range(x.rank) if a != c])
+    if t in _MATMUL:
+        return _matmul_rule(op, ins, outs)
+    if t == "Einsum":
+        return _einsum_rule(op, ins, outs)
+    if t in _LINEAR_REDUCE:
+        return _reduce_rule(op, ins, outs, linear=True)
+    if t in _OTHER_REDUCE:
+        return _reduce_rule(op, ins, outs, linear=False)
+    if t in ("Softmax", "LogSoftmax"):
+        r = ins[0].rank
+        return AxisRule(ties=[((("i", 0), a), (("o", 0), a)) for a in range(r)],
+                        whole=[(0, r - 1)])
+    if t in ("SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits"):
+        ties = [((("i", 0), 0), (("i", 1), 0)), ((("i", 0), 0), (("o", 0), 0)),
+                ((("i", 0), 0), (("o", 1), 0)), ((("i", 0), 1), (("o", 1), 1))]
+        whole = [(0, 1)]
+        if t == "SoftmaxCrossEntropyWithLogits":
+            ties.append(((("i", 0), 1), (("i", 1), 1)))
+            whole.append((1, 1))
+        return AxisRule(ties=ties, whole=whole)
+    if t in ("GatherV2", "ResourceGather"):
+        params, indices = ins[0], ins[1]
+        axis = 0 if t == "ResourceGather" else op.attrs.get("axis")
+        if axis is None or op.attrs.get("batch_dims", 0):
+            return _conservative(ins)
+        axis %= params.rank
+        ties = [((("i", 0), a), (("o", 0), a)) for a in range(axis)]
+        ties += [((("i", 1), k), (("o", 0), axis + k)) for k in range(indices.rank)]
+        ties += [((("i", 0), a), (("o", 0), a - 1 + indices.rank))
+                 for a in range(axis + 1, params.rank)]
+        # A lookup into a table split along the gathered axis is a masked lookup plus a sum
+        # (vocabulary-parallel embedding): linear, so it leaves a partial sum.
+        return AxisRule(ties=ties, contract=[(0, axis)])
+    if t == "UnsortedSegmentSum":
+        data, ids = ins[0], ins[1]
+        q = ids.rank
+        ties = [((("i", 0), a), (("i", 1), a)) for a in range(q)]
+        ties += [((("i", 0), a), (("o", 0), a - q + 1)) for a in range(q, data.rank)]
+        return AxisRule(ties=ties, contract=[(0, a) for a in range(q)])
+    if t == "ConcatV2":
+        axis = op.attrs.get("axis")
+        if axis is None:
+            return _conservative(ins)
+        data = ins[:-1]
+        out = outs[0]
+        axis %= out.rank
+        ties, whole = [], []
+        for k, x in enumerate(data):
+            for a in range(x.rank):
+                if a == axis:
+                    whole.append((k, a))
+                elif x.shape[a] == out.shape[a]:
+                    ties.append(((("i", k), a), (("o", 0), a)))
+        return AxisRule(ties=ties, whole=whole)
+    if t in ("Slice", "StridedSlice", "Pad", "PadV2", "MirrorPad", "Tile"):
+        x, out = ins[0], outs[0]
+        if x.rank != out.rank:
+            return _conservative(ins)
+        ties = [((("i", 0), a), (("o", 0), a)) for a in range(x.rank)
+                if x.shape[a] == out.shape[a]]
+        whole = [(0, a) for a in range(x.rank) if x.shape[a] != out.shape[a]]
+        return AxisRule(ties=ties, whole=whole)
+    if t == "OneHot":
+        axis = op.attrs.get("axis", -1)
+        r = ins[0].rank
+        axis = r if axis == -1 else axis
+        return AxisRule(ties=[((("i", 0), a), (("o", 0), a if a < axis else a + 1))
+                              for a in range(r)])
+    if t in ("Fill",):
+        return AxisRule()
+    if t in ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"):
+        return AxisRule(ties=[((("i", 0), a), (("i", 1), a)) for a in range(ins[0].rank)
+                              if ins[1].rank == ins[0].rank])
+    if t.startswith("ResourceApply"):
+        var = ins[0]
+        ties = [((("i", 0), a), (("i", k), a)) for k in range(1, len(ins))
+                if ins[k].shape == var.shape and var.rank for a in range(var.rank)]
+        return AxisRule(ties=ties)
+    return _conservative(ins)
+
+
+# -- FLOPs and bytes --------------------------------------------------------------------------
+
+_TRANSCENDENTAL = frozenset("Exp Expm1 Log Log1p Tanh Sigmoid Erf Erfc Sqrt Rsqrt Pow Softplus "
+                            "Sin Cos Tan Atan Atan2".split())
+
+
+def flops_and_bytes(op, ins, outs):
+    """(FLOPs, bytes read + written) of one execution of `op` on the given tensors."""
+    t = op.type
+    in_bytes = sum(x.nbytes for x in ins if not x.variable)
+    out_bytes = sum(x.nbytes for x in outs)
+    if t in _FREE:
+        return 0.0, 0.0
+    if t in _MATMUL:
+        a, out = ins[0], outs[0]
+        if t == "MatMul":
+            k = a.shape[0] if op.attrs.get("transpose_a") else a.shape[1]
+        else:
+            k = a.shape[-2] if op.attrs.get("adj_x") else a.shape[-1]
+        return 2.0 * out.num_elements * k, float(in_bytes + out_bytes)
+    if t == "Einsum":
+        eq = op.attrs.get("equation", "").replace(" ", "")
+        sizes = {}
+        if "->" in eq and "..." not in eq:
+            for term, x in zip(eq.split("->")[0].split(","), ins):
+                for label, extent in zip(term, x.shape):
+                    sizes[label] = extent
+            return 2.0 * math.prod(sizes.values()), float(in_bytes + out_bytes)
+        return float(outs[0].num_elements), float(in_bytes + out_bytes)
+    if t in ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "DepthwiseConv2dNative"):
+        # 2 * (output elements of the forward conv) * kernel window * input channels.
+        if t == "Conv2D":
+            kh, kw, cin, _ = ins[1].shape
+            return 2.0 * outs[0].num_elements * kh * kw * cin, float(in_bytes + out_bytes)
+        big = max(ins + outs, key=lambda x: x.num_elements)
+        return 2.0 * big.num_elements * 9, float(in_bytes + out_bytes)
+    if writes_variable(t):
+        var = ins[0]
+        resources = [x for x in ins if x.variable]
+        dense = [x for x in ins if not x.variable]
+        # Each variable and slot is read and written once; dense inputs are read.
+        moved = 2 * sum(x.nbytes for x in resources) + sum(x.nbytes for x in dense)
+        per_element = 10 if "Adam" in t else 2 * len(resources) + 1
+        return float(per_element * math.prod(var.shape)), float(moved)
+    if t in ("Softmax", "LogSoftmax", "SoftmaxCrossEntropyWithLogits",
+             "SparseSoftmaxCrossEntropyWithLogits"):
+        return 5.0 * ins[0].num_elements, float(in_bytes + out_bytes)
+    if t in _LINEAR_REDUCE or t in _OTHER_REDUCE or t == "BiasAddGrad":
+        return float(ins[0].num_elements), float(in_bytes + out_bytes)
+    if t in ("GatherV2", "ResourceGather"):
+        idx = ins[1].nbytes
+        return 0.0, float(2 * outs[0].nbytes + idx)
+    if t in _UNARY or t in _NARY or t == "BiasAdd":
+        n = outs[0].num_elements if outs else 0
+        per = 4.0 if t in _TRANSCENDENTAL else max(1, len(ins) - 1)
+        return per * n, float(in_bytes + out_bytes)
+    return float(sum(x.num_elements for x in outs)), float(in_bytes + out_bytes)
