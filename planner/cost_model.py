@@ -13,6 +13,7 @@ Nothing overlaps: compute and communication add up (a pessimistic, explainable c
 """
 
 import dataclasses
+import itertools
 import math
 
 from tf_fusionstitch.planner import ir, op_rules
@@ -422,3 +423,56 @@ class CostModel:
             f"{c.memory / 1e9:.1f} GB")
         return Estimate(step, feasible, peak, memory, compute, update, dp, collectives, p2p,
                         reason)
+
+    def unit_profile(self, split_units, t, k):
+        """Per pipeline unit, for dynamic programming over cuts.
+
+        Returns (compute per micro-batch incl. tensor-parallel collectives, weight + gradient
+        bytes, saved-activation bytes per micro-batch, bytes crossing each unit boundary per
+        micro-batch, indexed by the boundary's position 0..n).
+        """
+        graph, c = self.graph, self.cluster
+        tensors = graph.tensors
+        n = self.num_units
+        tp = self.tensor_parallel(split_units, t)
+        tp_bw, tp_lat = c.link(t, 1)
+        comp, mem, acts = [0.0] * n, [0.0] * n, [0.0] * n
+        for op in graph.ops.values():
+            if op.phase == ir.UPDATE:
+                continue
+            div = tp.divisor[op.name] * (k if self.op_has_batch[op.name] else 1)
+            comp[self.anchor[op.name]] += roofline_time(
+                op.flops / div, op.bytes / div, c.flops, c.memory_bandwidth,
+                0.0 if op_rules.is_free(op.type) else c.op_overhead)
+        for col in tp.collectives:
+            scaled = col.nbytes / (k if self.has_batch[col.tensor] else 1)
+            comp[self.anchor[col.op]] += COLLECTIVE_TIME[col.kind](scaled, t, tp_bw, tp_lat)
+        split_vars = {v for u in split_units for v, _ in graph.linkage.units[u].variables} \
+            if t > 1 else set()
+        for var in graph.variables.values():
+            size = var.nbytes / (t if var.name in split_vars else 1)
+            mem[self.var_unit.get(var.name, 0)] += size * (2 if var.trainable and
+                                                           self.training else 1)
+        if self.training:
+            for name in self.saved:
+                nbytes = tensors[name].nbytes / (k if self.has_batch[name] else 1)
+                acts[self.anchor[tensors[name].producer]] += nbytes / (
+                    t if tp.split_axis.get(name) is not None else 1)
+        diff = [0.0] * (n + 2)
+        for name, ten in tensors.items():
+            prod = ten.producer
+            if not prod or ten.variable or graph.ops[prod].type in ("Const", "Placeholder"):
+                continue
+            units = [self.anchor[cons] for cons in ten.consumers]
+            if not units:
+                continue
+            nbytes = ten.nbytes / (k if self.has_batch[name] else 1)
+            if tp.split_axis.get(name) is not None:
+                nbytes /= t
+            pu = self.anchor[prod]
+            lo, hi = min(units + [pu]), max(units + [pu])
+            if hi > lo:   # crosses every boundary strictly between lo and hi
+                diff[lo + 1] += nbytes
+                diff[hi + 1] -= nbytes
+        boundary = list(itertools.accumulate(diff))[:n + 1]
+        return comp, mem, acts, boundary

@@ -1,0 +1,61 @@
+"""Auto-MAP-style parallel planner: search data-parallel, operator-partitioning and pipeline
+plans for a TensorFlow training step over a cost model, and write the plan into a GraphDef.
+
+    import tf_fusionstitch.planner as planner
+    plan = planner.search(train_step, example_inputs, cluster="8xH200", strategy="auto",
+                          method="dp")
+    print(plan)                       # mesh, split variables, stages, predicted step time
+    placed = plan.apply(graph_def)    # NodeDef.device strings per stage
+
+Only `graph_import` and `reference_models` import TensorFlow (lazily, from `search`); the IR,
+cost model, strategies and searches are TF-free.
+"""
+
+from tf_fusionstitch.planner.cluster import PRESETS, ClusterSpec, get_cluster
+from tf_fusionstitch.planner.cost_model import Config, CostModel, Estimate
+from tf_fusionstitch.planner.plan import Plan
+from tf_fusionstitch.planner.searches import METHODS
+from tf_fusionstitch.planner.strategies import STRATEGIES, PlanEnv
+
+__all__ = ["search", "search_graph", "Plan", "ClusterSpec", "get_cluster", "PRESETS",
+           "STRATEGIES", "METHODS", "PlanEnv", "CostModel", "Config", "Estimate"]
+
+
+def _check(strategy, method):
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
+    if method not in METHODS:
+        hint = " (the DQN search is a later issue)" if method == "dqn" else ""
+        raise ValueError(f"unknown search method {method!r}{hint}; use one of "
+                         f"{', '.join(METHODS)}")
+
+
+def search_graph(graph, cluster="8xH200", strategy="auto", method="greedy", budget=None,
+                 seed=0, schedule="1f1b"):
+    """Searches a plan for an already imported `ir.Graph`. Returns a `Plan`."""
+    from tf_fusionstitch.planner import searches
+    _check(strategy, method)
+    env = PlanEnv(graph, get_cluster(cluster), strategy, schedule=schedule)
+    plan, calls = searches.run(env, method, budget, seed)
+    plan.cost_model_calls = calls
+    return plan
+
+
+def search(fn, example_inputs, cluster="8xH200", strategy="auto", method="greedy",
+           budget=None, seed=0, variables=(), schedule="1f1b"):
+    """Traces `fn` (a training step or inference tf.function) and searches a plan.
+
+    cluster: a preset (`8xV100`, `8xA100`, `8xH200`, `4x8xH200`, `cpu-localhost`), an
+      `NxDEVICE` / `MxNxDEVICE` string, a dict or JSON, or a ClusterSpec.
+    strategy: "data" (replicas only), "operator" (operator partitioning over all devices),
+      "pipeline" (stages over all devices), or "auto" (every product d x t x p = devices).
+    method: "exhaustive" (small spaces), "dp" (dynamic programming over pipeline cuts),
+      "greedy" or "random"; budget caps cost-model calls; seed drives "random".
+    variables: extra tf.Variables the function uses only through raw handles.
+    Returns a `Plan` (its `cost_model_calls` says what the search used).
+    """
+    _check(strategy, method)
+    cluster = get_cluster(cluster)   # fail on a bad spec before tracing
+    from tf_fusionstitch.planner import graph_import
+    graph, _, _ = graph_import.from_function(fn, example_inputs, variables=variables)
+    return search_graph(graph, cluster, strategy, method, budget, seed, schedule)

@@ -1,0 +1,263 @@
+"""Searches over one `strategies.PlanEnv`: exhaustive, dynamic programming, greedy, random.
+
+TF-free. Each returns (Plan, cost-model calls used). `budget` caps cost-model calls (cache
+misses); exhaustive refuses a space larger than its budget rather than silently truncate.
+"""
+
+import itertools
+import math
+import random as random_lib
+
+from tf_fusionstitch.planner import cost_model as cm
+from tf_fusionstitch.planner import plan as plan_lib
+
+METHODS = ("exhaustive", "dp", "greedy", "random")
+DEFAULT_BUDGET = {"exhaustive": 5000, "dp": 2000, "greedy": 2000, "random": 200}
+
+
+def make_plan(env, config, method):
+    """The `Plan` of `config` (evaluated through the environment's cache)."""
+    est = env.evaluate(config)
+    graph, link = env.graph, env.link
+    split = {}
+    if config.tensor_parallel > 1:
+        for u in config.split_units:
+            for var, axis in link.units[u].variables:
+                split[var] = axis
+    unit_stage = env.cost.stage_of_unit(config.cuts)
+    stages = [[] for _ in range(config.stages)]
+    for op in graph.ops:
+        stages[unit_stage[env.cost.anchor[op]]].append(op)
+    counts = {}
+    for c in est.collectives:
+        key = f"{c.kind}/{c.phase}"
+        counts[key] = counts.get(key, 0) + 1
+    return plan_lib.Plan(
+        variable_splits={v: split.get(v) for v in graph.variables},
+        stages=stages, replicas=config.replicas, tensor_parallel=config.tensor_parallel,
+        micro_batches=config.micro_batches, predicted_step_time=est.step_time,
+        peak_memory_per_device=est.peak_memory, feasible=est.feasible,
+        cluster=env.cluster.to_dict(), strategy=env.strategy, method=method,
+        schedule=config.schedule,
+        split_units=[link.units[u].label for u in sorted(config.split_units)],
+        cuts=list(config.cuts), infeasible_reason=est.reason, tp_collectives=counts)
+
+
+class _Budget:
+    def __init__(self, env, budget):
+        self.env, self.start, self.budget = env, env.calls, budget
+        self.best, self.best_obj = None, math.inf
+
+    @property
+    def used(self):
+        return self.env.calls - self.start
+
+    def exhausted(self):
+        return self.used >= self.budget
+
+    def consider(self, config):
+        obj = self.env.objective(self.env.evaluate(config))
+        if obj < self.best_obj:
+            self.best, self.best_obj = config, obj
+        return obj
+
+
+def _complete_states(env, state=()):
+    dec = env.decision(state)
+    if dec is None:
+        yield state
+        return
+    for a in dec.legal_actions():
+        yield from _complete_states(env, state + (a,))
+
+
+def exhaustive(env, budget=None):
+    """Evaluates every legal plan. Raises ValueError if there are more than `budget`."""
+    budget = budget or DEFAULT_BUDGET["exhaustive"]
+    states = list(itertools.islice(_complete_states(env), budget + 1))
+    if len(states) > budget:
+        raise ValueError(f"the {env.strategy!r} space has more than {budget} plans: use "
+                         "method='dp', 'greedy' or 'random', or raise budget")
+    track = _Budget(env, math.inf)
+    for s in states:
+        track.consider(env.config(s))
+    return make_plan(env, track.best, "exhaustive"), track.used
+
+
+def random(env, budget=None, seed=0):
+    """Uniformly random legal episodes until `budget` distinct plans were evaluated."""
+    budget = budget or DEFAULT_BUDGET["random"]
+    rng = random_lib.Random(seed)
+    track = _Budget(env, budget)
+    for _ in range(budget * 20):
+        if track.exhausted():
+            break
+        state = env.reset()
+        while (dec := env.decision(state)) is not None:
+            state = env.step(state, rng.choice(dec.legal_actions()))
+        track.consider(env.config(state))
+    return make_plan(env, track.best, "random"), track.used
+
+
+def _start_configs(env):
+    for d, t, p in env.meshes:
+        ms = env.micro_batch_choices(d, p)
+        m = min((x for x in ms if x >= p), default=ms[-1])
+        yield cm.Config(d, t, p, m, frozenset(), env.even_cuts(p), env.schedule)
+
+
+def _neighbours(env, config):
+    link, t = env.link, config.tensor_parallel
+    if t > 1:
+        for u in range(env.num_units):
+            if u in config.split_units:
+                yield _replace(config, split_units=config.split_units - {u})
+            elif u in link.legal_units(set(config.split_units), t):
+                yield _replace(config, split_units=config.split_units | {u})
+    ms = env.micro_batch_choices(config.replicas, config.stages)
+    i = ms.index(config.micro_batches)
+    for j in (i - 1, i + 1):
+        if 0 <= j < len(ms):
+            yield _replace(config, micro_batches=ms[j])
+    cuts = list(config.cuts)
+    for k in range(len(cuts)):
+        lo = cuts[k - 1] + 1 if k else 1
+        hi = cuts[k + 1] - 1 if k + 1 < len(cuts) else env.cost.num_units - 1
+        for c in (cuts[k] - 1, cuts[k] + 1):
+            if lo <= c <= hi:
+                yield _replace(config, cuts=tuple(cuts[:k] + [c] + cuts[k + 1:]))
+
+
+def _replace(config, **kw):
+    fields = dict(replicas=config.replicas, tensor_parallel=config.tensor_parallel,
+                  stages=config.stages, micro_batches=config.micro_batches,
+                  split_units=config.split_units, cuts=config.cuts, schedule=config.schedule)
+    fields.update(kw)
+    return cm.Config(**fields)
+
+
+def greedy(env, budget=None):
+    """Hill climbing from every mesh's plain start: take the best single change until none
+    improves (changes: split or unsplit one unit, move one cut, adjacent micro-batch count)."""
+    budget = budget or DEFAULT_BUDGET["greedy"]
+    track = _Budget(env, budget)
+    for start in _start_configs(env):
+        if track.exhausted():
+            break
+        current, obj = start, track.consider(start)
+        while not track.exhausted():
+            best_n, best_obj = None, obj
+            for n in _neighbours(env, current):
+                if track.exhausted():
+                    break
+                o = track.consider(n)
+                if o < best_obj:
+                    best_n, best_obj = n, o
+            if best_n is None:
+                break
+            current, obj = best_n, best_obj
+    return make_plan(env, track.best, "greedy"), track.used
+
+
+def _best_cuts(env, profile, p, m):
+    """Exact DP over contiguous unit ranges minimising the slowest stage, within memory."""
+    comp, weights, acts, boundary = profile
+    n = len(comp)
+    c = env.cluster
+    bw, lat = c.link(2, 1)
+    pre = list(itertools.accumulate([0.0] + comp))
+    prew = list(itertools.accumulate([0.0] + weights))
+    prea = list(itertools.accumulate([0.0] + acts))
+
+    def stage_cost(i, j, s, check_memory):
+        if check_memory:
+            flight = cm.in_flight_micro_batches(s, p, m, env.schedule)
+            if prew[j] - prew[i] + (prea[j] - prea[i]) * flight > c.memory:
+                return math.inf
+        sends = (cm.p2p_time(boundary[j], bw, lat) if j < n else 0.0) + \
+                (cm.p2p_time(boundary[i], bw, lat) if i > 0 else 0.0)
+        return pre[j] - pre[i] + sends
+
+    for check_memory in (True, False):
+        f = [[math.inf] * (n + 1) for _ in range(p)]
+        arg = [[0] * (n + 1) for _ in range(p)]
+        for j in range(1, n + 1):
+            f[0][j] = stage_cost(0, j, 0, check_memory)
+        for s in range(1, p):
+            for j in range(s + 1, n + 1):
+                for i in range(s, j):
+                    v = max(f[s - 1][i], stage_cost(i, j, s, check_memory))
+                    if v < f[s][j]:
+                        f[s][j], arg[s][j] = v, i
+        if f[p - 1][n] < math.inf:
+            cuts, j = [], n
+            for s in range(p - 1, 0, -1):
+                j = arg[s][j]
+                cuts.append(j)
+            return tuple(reversed(cuts))
+    return env.even_cuts(p)
+
+
+def dp(env, budget=None):
+    """Per mesh and micro-batch count: the split units by exhaustive choice when few (else
+    greedy flips), then pipeline cuts by exact dynamic programming over pipeline units."""
+    budget = budget or DEFAULT_BUDGET["dp"]
+    track = _Budget(env, budget)
+    for d, t, p in env.meshes:
+        for m in env.micro_batch_choices(d, p):
+            if track.exhausted():
+                break
+            even = env.even_cuts(p)
+            splits = _split_sets(env, t) if t > 1 else [frozenset()]
+            best_split, best_obj = frozenset(), math.inf
+            for s in splits:
+                if track.exhausted():
+                    break
+                o = track.consider(cm.Config(d, t, p, m, s, even, env.schedule))
+                if o < best_obj:
+                    best_split, best_obj = s, o
+            if p > 1 and not track.exhausted():
+                profile = env.cost.unit_profile(best_split, t, d * m)
+                cuts = _best_cuts(env, profile, p, m)
+                track.consider(cm.Config(d, t, p, m, best_split, cuts, env.schedule))
+    return make_plan(env, track.best, "dp"), track.used
+
+
+def _split_sets(env, t, limit=64):
+    """All legal sets of split units if there are at most `limit`, else greedy-grown ones."""
+    link = env.link
+    sets, frontier = [frozenset()], [frozenset()]
+    while frontier and len(sets) <= limit:
+        nxt = []
+        for s in frontier:
+            for u in link.legal_units(set(s), t):
+                if u > max(s, default=-1):
+                    nxt.append(s | {u})
+        sets += nxt
+        frontier = nxt
+    if len(sets) <= limit:
+        return sets
+    # Too many: every single unit and the union of all compatible ones, in order.
+    grown, out = set(), [frozenset()]
+    for u in range(env.num_units):
+        if u in link.legal_units(grown, t):
+            out.append(frozenset({u}))
+            grown.add(u)
+    out.append(frozenset(grown))
+    return out
+
+
+SEARCHES = {"exhaustive": exhaustive, "dp": dp, "greedy": greedy, "random": random}
+
+
+def run(env, method, budget=None, seed=0):
+    """Runs search `method` on `env`; returns (Plan, cost-model calls used)."""
+    if method not in SEARCHES:
+        hint = " (the DQN search is a later issue)" if method == "dqn" else ""
+        raise ValueError(f"unknown search method {method!r}{hint}; use one of "
+                         f"{', '.join(METHODS)}")
+    if budget is not None and (not isinstance(budget, int) or budget < 1):
+        raise ValueError(f"budget must be a positive integer (cost-model calls), got {budget!r}")
+    if method == "random":
+        return random(env, budget, seed)
+    return SEARCHES[method](env, budget)
