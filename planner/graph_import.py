@@ -34,7 +34,7 @@ def _itemsize(dtype):
         return 0
 
 
-def _shape(t):
+def _shape(t, unknown_dim=None):
     shape = t.shape
     if shape.rank is None:
         return ()
@@ -42,8 +42,12 @@ def _shape(t):
     for d in shape.as_list():
         if d is None:
             # Integer metadata (shapes, indices of dynamic size) does not matter to the cost;
-            # an unknown floating extent does, and finalize() refuses it.
-            d = 1 if (t.dtype.is_integer or t.dtype == tf.bool) else -1
+            # an unknown floating extent does: it takes `unknown_dim` (a batch size) if
+            # given, else finalize() refuses it.
+            if t.dtype.is_integer or t.dtype == tf.bool:
+                d = 1
+            else:
+                d = unknown_dim if unknown_dim else -1
         dims.append(d)
     return tuple(dims)
 
@@ -58,13 +62,14 @@ def _static_value(tensor):
     return value
 
 
-def from_tf_graph(graph, variables, inputs, outputs, ops=None, name="graph"):
+def from_tf_graph(graph, variables, inputs, outputs, ops=None, name="graph", unknown_dim=None):
     """Builds an `ir.Graph` from a tf.Graph (or FuncGraph).
 
     variables: {handle tensor name: (variable name, trainable[, shape, tf dtype])}; without
     shape and dtype the handle must come from a VarHandleOp.
     inputs / outputs: data input and output tensor names. ops: the tf.Operations to import
     (default all; graph-mode builds pass the step's ops, leaving out initialisers).
+    unknown_dim: extent given to unknown floating dimensions (else they are refused).
     """
     g = ir.Graph(name)
     chosen = list(ops) if ops is not None else graph.get_operations()
@@ -73,12 +78,14 @@ def from_tf_graph(graph, variables, inputs, outputs, ops=None, name="graph"):
     for op in chosen:
         for t in op.inputs:
             if t.op.name not in chosen_names and t.name not in g.tensors:
-                g.add_tensor(ir.Tensor(t.name, _shape(t), t.dtype.name, _itemsize(t.dtype)))
+                g.add_tensor(ir.Tensor(t.name, _shape(t, unknown_dim), t.dtype.name,
+                                       _itemsize(t.dtype)))
                 g.add_op(ir.Op(t.op.name + "/external:" + str(t.value_index), "Placeholder",
                                [], [t.name]))
     for op in chosen:
         for t in op.outputs:
-            g.add_tensor(ir.Tensor(t.name, _shape(t), t.dtype.name, _itemsize(t.dtype)))
+            g.add_tensor(ir.Tensor(t.name, _shape(t, unknown_dim), t.dtype.name,
+                                       _itemsize(t.dtype)))
         attrs = {}
         for key in _ATTRS:
             try:
@@ -135,13 +142,7 @@ def trace(fn, example_inputs):
     return fn.get_concrete_function(*example_inputs)
 
 
-def from_function(fn, example_inputs, variables=(), name=None):
-    """IR of `fn` traced on `example_inputs`; returns (ir.Graph, GraphDef, ConcreteFunction).
-
-    Variables the function reads are found by TF; `variables` adds ones it only touches
-    through raw handles (e.g. optimizer slots passed to `tf.raw_ops.ResourceApplyAdam`).
-    """
-    concrete = trace(fn, example_inputs)
+def _from_concrete(concrete, variables, name, unknown_dim=None):
     graph = concrete.graph
     by_handle = {id(v.handle): v for v in list(concrete.variables) + list(variables)}
     found, captured = {}, set()
@@ -151,17 +152,54 @@ def from_function(fn, example_inputs, variables=(), name=None):
             found[internal.name] = (var.name, bool(var.trainable), tuple(var.shape.as_list()),
                                     var.dtype)
         captured.add(internal.name)
-    inputs = [t.name for t in graph.inputs if t.name not in captured
-              and t.dtype != tf.resource]
-    outputs = [t.name for t in graph.outputs]
     unknown = [internal.name for external, internal in graph.captures
                if internal.dtype == tf.resource and internal.name not in found]
     if unknown:
         raise ValueError(f"captured resource handle(s) {unknown[:3]} belong to no known "
                          "variable: pass those variables as `variables=`")
+    inputs = [t.name for t in graph.inputs if t.name not in captured
+              and t.dtype != tf.resource]
+    outputs = [t.name for t in graph.outputs]
+    return from_tf_graph(graph, found, inputs, outputs, name=name, unknown_dim=unknown_dim)
+
+
+_CALLS = ("PartitionedCall", "StatefulPartitionedCall")
+
+
+def from_saved_model(path, function=None, unknown_dim=None):
+    """IR of a SavedModel's tf.function attribute `function` (default `__call__`).
+
+    Signatures are not used: their graphs only call the function, whose body the planner
+    needs. Unknown floating dimensions (a dynamic batch) take `unknown_dim`.
+    """
+    loaded = tf.saved_model.load(path)
+    function = function or "__call__"
+    fn = getattr(loaded, function, None)
+    concretes = list(getattr(fn, "concrete_functions", None) or [])
+    if not concretes:
+        known = [n for n in dir(loaded) if not n.startswith("_") and
+                 getattr(getattr(loaded, n, None), "concrete_functions", None)]
+        raise ValueError(f"the SavedModel at {path} has no traced tf.function {function!r}; "
+                         f"its tf.functions: {known or 'none'}")
+    variables = list(getattr(loaded, "variables", []) or [])
+    g = _from_concrete(concretes[0], variables, function, unknown_dim)
+    calls = [op.name for op in g.ops.values() if op.type in _CALLS]
+    if calls:
+        raise ValueError(f"{function!r} calls other functions ({calls[:3]}); the planner "
+                         "needs their bodies: plan the called tf.function instead")
+    return g
+
+
+def from_function(fn, example_inputs, variables=(), name=None):
+    """IR of `fn` traced on `example_inputs`; returns (ir.Graph, GraphDef, ConcreteFunction).
+
+    Variables the function reads are found by TF; `variables` adds ones it only touches
+    through raw handles (e.g. optimizer slots passed to `tf.raw_ops.ResourceApplyAdam`).
+    """
+    concrete = trace(fn, example_inputs)
     fn_name = name or getattr(fn, "__name__", None) or "function"
-    g = from_tf_graph(graph, found, inputs, outputs, name=fn_name)
-    return g, graph.as_graph_def(), concrete
+    g = _from_concrete(concrete, variables, fn_name)
+    return g, concrete.graph.as_graph_def(), concrete
 
 
 def variables_of_graph(graph):

@@ -143,12 +143,13 @@ class Graph:
                 continue
             forward.add(name)
             stack.extend(self.tensors[i].producer for i in self.ops[name].inputs)
-        has_updates = False
+        # Without variable updates it is inference: everything is forward (control-only
+        # ops such as NoOp are not ancestors of the outputs, but are not gradients either).
+        has_updates = any(op_rules.writes_variable(op.type) for op in self.ops.values())
         for op in self.ops.values():
             if op_rules.writes_variable(op.type):
                 op.phase = UPDATE
-                has_updates = True
-            elif op.name in forward or not self.outputs:
+            elif op.name in forward or not has_updates:
                 op.phase = FORWARD
             else:
                 op.phase = BACKWARD
