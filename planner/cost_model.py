@@ -14,7 +14,6 @@ Nothing overlaps: compute and communication add up (a pessimistic, explainable c
 
 import dataclasses
 import itertools
-import math
 
 from tf_fusionstitch.planner import ir, op_rules
 

@@ -227,7 +227,7 @@ def axis_rule(op, ins, outs):
         ties, whole = _broadcast_ties(ins, outs[0], [0])
         return AxisRule(ties=ties, whole=whole)
     if t == "BiasAdd":
-        x, bias = ins[0], ins[1]
+        x = ins[0]
         c = 1 if op.attrs.get("data_format", "NHWC") == "NCHW" else x.rank - 1
         ties = [((("i", 0), a), (("o", 0), a)) for a in range(x.rank)]
         ties.append(((("i", 1), 0), (("o", 0), c)))

@@ -9,7 +9,6 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np
 import tensorflow as tf
 
 _DEVICES = 4

@@ -32,8 +32,7 @@ class EnvironmentAndSearchTest(tf.test.TestCase):
         dec = env.decision(env.reset())
         self.assertEqual((dec.kind, dec.actions), ("mesh", ((1, 8, 1),)))
         state = env.step((), 0)
-        hidden, heads, ffn = (env.decision(state).index, 1, 2)
-        self.assertEqual(hidden, 0)
+        self.assertEqual(env.decision(state).index, 0)   # unit 0: the hidden axis
         state = env.step(state, 1)                   # split the hidden unit
         dec = env.decision(state)
         self.assertEqual(dec.kind, "unit")
