@@ -590,33 +590,33 @@ class FunctionTest(tf.test.TestCase):
 
 
 class FallbackTest(tf.test.TestCase):
-    """A compiler that fails leaves the clusters as TF ops: right results, the
-    reason in the report, one RuntimeWarning per trace."""
+    """A compiler that fails, hangs or is missing, or a cache directory that
+    is refused, leaves the clusters as TF ops: right results, the reason in
+    the report, one RuntimeWarning per trace."""
 
-    def _run_with_compiler(self, cxx):
-        empty_cache = tempfile.mkdtemp(prefix="fs-empty-cache-")
+    @staticmethod
+    def _two_clusters(x, y):
+        # two independent clusters: both must fall back
+        return tf.nn.softmax(x * 1.5) + 0.5, tf.exp(y) * y - 2.0
 
-        @tf.function
-        def f(x, y):
-            # two clusters (independent), both must fall back
-            return tf.nn.softmax(x * 1.5) + 0.5, tf.exp(y) * y - 2.0
-
+    def _run_falling_back(self, env, reason, cache_dir=None, **options):
+        cache = cache_dir or tempfile.mkdtemp(prefix="fs-empty-cache-")
+        f = tf.function(self._two_clusters)
         gen = rng(9000)
-        opt = fs.optimize(f)
+        opt = fs.optimize(f, **options)
         try:
-            with mock.patch.dict(os.environ, {"CXX": cxx,
-                                              "TF_FUSIONSTITCH_CACHE_DIR": empty_cache}):
+            with mock.patch.dict(os.environ, {**env, "TF_FUSIONSTITCH_CACHE_DIR": cache}):
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
                     results = []
                     for shape in ((3, 8), (3, 8), (5, 8)):  # two traces
                         x, y = random(gen, shape, "float32"), random(gen, shape, "float32")
                         results.append((opt(x, y), f(x, y)))
-            left = os.listdir(empty_cache) if os.path.isdir(empty_cache) else []
+            left = os.listdir(cache) if os.path.isdir(cache) else []
             self.assertEqual([n for n in left if not n.endswith(".lock")], [],
-                             "nothing may be cached from a failed compiler")
+                             "nothing may be cached when the kernel was not built")
         finally:
-            shutil.rmtree(empty_cache, ignore_errors=True)
+            shutil.rmtree(cache, ignore_errors=True)
         for actual, expected in results:
             assert_same(self, actual[0], expected[0], "exact")
             assert_same(self, actual[1], expected[1], "exact")
@@ -629,7 +629,7 @@ class FallbackTest(tf.test.TestCase):
         self.assertEmpty(report.fused_clusters)
         for c in report.fallbacks:
             self.assertFalse(c.fused)
-            self.assertIn("compil", c.reason.lower())
+            self.assertIn(reason, c.reason.lower())
             self.assertTrue(c.tf_ops)
         self.assertIn("[fallback]", str(report))
         self.assertEmpty(fusion_stitch_nodes(opt.graph_def))
@@ -637,12 +637,73 @@ class FallbackTest(tf.test.TestCase):
         return report
 
     def test_compiler_fails(self):
-        self._run_with_compiler("false")
+        self._run_falling_back({"CXX": "false"}, "compil")
 
     def test_compiler_missing(self):
-        report = self._run_with_compiler("/nonexistent/c++")
+        report = self._run_falling_back({"CXX": "/nonexistent/c++"}, "compil")
         self.assertIn("CXX", report.fallbacks[0].reason)
 
+    def test_compiler_times_out(self):
+        slow = os.path.join(tempfile.mkdtemp(prefix="fs-slow-cxx-"), "slow-c++")
+        with open(slow, "w") as fh:
+            fh.write("#!/bin/sh\nsleep 30\n")
+        os.chmod(slow, 0o755)
+        try:
+            self._run_falling_back({"CXX": slow}, "timed out", compile_timeout=0.5)
+        finally:
+            shutil.rmtree(os.path.dirname(slow), ignore_errors=True)
+
+    def test_cache_directory_open_to_others_is_refused(self):
+        # Anyone who can write the cache could plant a shared object that we
+        # would load: a group- or world-writable directory is never used.
+        cache = tempfile.mkdtemp(prefix="fs-open-cache-")
+        os.chmod(cache, 0o777)
+        self._run_falling_back({}, "writable", cache_dir=cache)
+
+
+class DamagedCacheTest(tf.test.TestCase):
+
+    def test_altered_or_truncated_kernel_is_rebuilt_and_results_stay_right(self):
+        cache = tempfile.mkdtemp(prefix="fs-damaged-cache-")
+        os.chmod(cache, 0o700)
+        self.addCleanup(shutil.rmtree, cache, ignore_errors=True)
+
+        def layer(x, g):
+            # a shape of its own, so the kernel is not already in the
+            # session's cache or registry
+            return tf.nn.softmax(x * g, axis=-1) * 3.0 - 1.0
+
+        gen = rng(9100)
+        x, g = random(gen, (4, 37), "float32"), random(gen, (37,), "float32")
+
+        def shared_objects():
+            return {p for p in os.listdir(cache) if p.endswith(".so")}
+
+        with mock.patch.dict(os.environ, {"TF_FUSIONSTITCH_CACHE_DIR": cache}):
+            # builds the FusionStitch op library into this cache first
+            warm = tf.function(lambda a: tf.exp(a) * 2.0 + 1.0)
+            fs.optimize(warm)(x)
+            f = tf.function(layer)
+            before = shared_objects()
+            assert_same(self, fs.optimize(f)(x, g), f(x, g), "softmax")
+            (kernel,) = shared_objects() - before
+            for damage in ("truncate", "alter"):
+                path = os.path.join(cache, kernel)
+                data = open(path, "rb").read()
+                # A new file in its place: this process still maps the old one,
+                # and overwriting a loaded library in place would crash it.
+                with open(path + ".damaged", "wb") as fh:
+                    fh.write(data[:len(data) // 2] if damage == "truncate"
+                             else data[:-64] + bytes(64))
+                os.replace(path + ".damaged", path)
+                compilations = cpu_compiler.compilations
+                f2 = tf.function(layer)
+                opt = fs.optimize(f2)
+                assert_same(self, opt(x, g), f2(x, g), "softmax")
+                self.assertLen(opt.report().fused_clusters, 1, str(opt.report()))
+                # detected by its hash and compiled again, to the same bytes
+                self.assertEqual(cpu_compiler.compilations - compilations, 1, damage)
+                self.assertEqual(open(path, "rb").read(), data, damage)
 
 class ApiErrorTest(tf.test.TestCase):
 

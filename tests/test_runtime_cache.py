@@ -231,7 +231,7 @@ def test_key_covers_compiler_and_cpu(monkeypatch):
     first = cpu_compiler.compile_shared_object(ROW_SUM_KERNEL)
     monkeypatch.setattr(cpu_compiler, "cpu_fingerprint", lambda: "another-cpu")
     assert cpu_compiler.compile_shared_object(ROW_SUM_KERNEL) != first
-    monkeypatch.setattr(cpu_compiler, "compiler_identity", lambda: "g++ 99")
+    monkeypatch.setattr(cpu_compiler, "compiler_identity", lambda timeout=30: "g++ 99")
     assert len({first, cpu_compiler.compile_shared_object(ROW_SUM_KERNEL)}) == 2
 
 

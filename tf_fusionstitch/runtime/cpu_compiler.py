@@ -51,6 +51,9 @@ class CompileTimeout(CompileError):
     """The compiler ran longer than the allowed time and was killed."""
 
 
+# Seconds a version or -march probe may take (a healthy compiler needs well under 1).
+_PROBE_TIMEOUT_S = 30
+
 def compile_shared_object(source: str, *, extra_flags: Sequence[str] = (),
                           timeout: float = 120) -> pathlib.Path:
     """Path of a cached shared object built from C++ `source`.
@@ -62,10 +65,13 @@ def compile_shared_object(source: str, *, extra_flags: Sequence[str] = (),
         raise TypeError(f"extra_flags must be a sequence of flags, not the string "
                         f"{extra_flags!r}; write extra_flags=[{extra_flags!r}]")
     command = compiler_command()
-    flags = [*DEFAULT_FLAGS, *host_arch_flags()]
+    # The probes share the caller's time limit: a hung compiler must not stall
+    # optimize() for minutes before the fallback.
+    flags = [*DEFAULT_FLAGS, *host_arch_flags(timeout=min(timeout, _PROBE_TIMEOUT_S))]
     extra = [str(flag) for flag in extra_flags]
     key = cache.content_key("cpu-kernel-v1", source, "\0".join(flags + ["--"] + extra),
-                            compiler_identity(), cpu_fingerprint())
+                            compiler_identity(timeout=min(timeout, _PROBE_TIMEOUT_S)),
+                            cpu_fingerprint())
 
     def build(out_path: pathlib.Path) -> None:
         global compilations
@@ -94,14 +100,14 @@ def compiler_command() -> list[str]:
     return command
 
 
-def compiler_identity() -> str:
+def compiler_identity(timeout: float = _PROBE_TIMEOUT_S) -> str:
     """The compiler's full version text (part of every cache key)."""
-    return _identity(tuple(compiler_command()))
+    return _identity(tuple(compiler_command()), timeout)
 
 
-def host_arch_flags() -> tuple[str, ...]:
+def host_arch_flags(timeout: float = _PROBE_TIMEOUT_S) -> tuple[str, ...]:
     """('-march=native',) when the compiler accepts it, else ()."""
-    return _arch_flags(tuple(compiler_command()))
+    return _arch_flags(tuple(compiler_command()), timeout)
 
 
 def cpu_fingerprint() -> str:
@@ -158,11 +164,11 @@ def _run(argv: Sequence[str], timeout: float) -> tuple[int, str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _identity(command: tuple[str, ...]) -> str:
+def _identity(command: tuple[str, ...], timeout: float) -> str:
     parts = []
     for flag in ("-dumpfullversion", "--version"):
         try:
-            code, out = _run_capture([*command, flag])
+            code, out = _run_capture([*command, flag], timeout)
         except (OSError, subprocess.TimeoutExpired):
             continue
         if code == 0 and out.strip():
@@ -173,19 +179,19 @@ def _identity(command: tuple[str, ...]) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _arch_flags(command: tuple[str, ...]) -> tuple[str, ...]:
+def _arch_flags(command: tuple[str, ...], timeout: float) -> tuple[str, ...]:
     with tempfile.TemporaryDirectory(prefix="tf_fusionstitch-probe-") as tmp:
         src = pathlib.Path(tmp) / "probe.cc"
         src.write_text("int fs_probe(int x) { return x + 1; }\n", encoding="utf-8")
         argv = [*command, "-march=native", "-c", str(src), "-o", str(pathlib.Path(tmp) / "probe.o")]
         try:
-            code, _ = _run(argv, timeout=60)
+            code, _ = _run(argv, timeout=timeout)
         except (OSError, subprocess.TimeoutExpired):
             return ()
     return ("-march=native",) if code == 0 else ()
 
 
-def _run_capture(argv: Sequence[str]) -> tuple[int, str]:
+def _run_capture(argv: Sequence[str], timeout: float) -> tuple[int, str]:
     proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                          timeout=30, check=False)
+                          timeout=timeout, check=False)
     return proc.returncode, proc.stdout.decode("utf-8", errors="replace")
