@@ -169,8 +169,11 @@ def lower(s: Schedule) -> Kernel:
         elif op.name in s.hoisted:
             pass  # computed in the prelude; loops read it where they need it
         elif s.is_col[op.name]:
+            # Emitted where something needs it: an output, a buffer, or (through
+            # emit_col) a consumer; values only the prelude uses stay out of loops.
             k = s.phase[op.name]
-            emit_col(op.name, k)
+            if op.name in outputs or op.name in s.buffered:
+                emit_col(op.name, k)
             if op.name in s.buffered:
                 loops[k].append(BufStore(_v(op.name), op.type.dtype))
         else:
