@@ -10,7 +10,7 @@ allocating their weights.
 
 import tensorflow as tf
 
-from tf_fusionstitch.planner import ir
+from tf_fusionstitch.planner import ir, op_rules
 
 # Attributes the axis rules read, copied as plain Python values.
 _ATTRS = ("transpose_a", "transpose_b", "adj_x", "adj_y", "keep_dims", "batch_dims",
@@ -62,6 +62,25 @@ def _static_value(tensor):
     return value
 
 
+def _live(ops, outputs, graph):
+    """The ops a run executes: ancestors of the outputs and of stateful ops (variable writes).
+
+    Dead ops (e.g. a tape's gradient with respect to a label input) are pruned, as TF does.
+    """
+    allowed = {op.name for op in ops}
+    roots = [graph.get_tensor_by_name(n).op for n in outputs]
+    roots += [op for op in ops if op_rules.writes_variable(op.type)]
+    live, stack = set(), [op for op in roots if op.name in allowed]
+    while stack:
+        op = stack.pop()
+        if op.name in live:
+            continue
+        live.add(op.name)
+        stack.extend(x for x in [t.op for t in op.inputs] + list(op.control_inputs)
+                     if x.name in allowed)
+    return [op for op in ops if op.name in live]
+
+
 def from_tf_graph(graph, variables, inputs, outputs, ops=None, name="graph", unknown_dim=None):
     """Builds an `ir.Graph` from a tf.Graph (or FuncGraph).
 
@@ -72,7 +91,7 @@ def from_tf_graph(graph, variables, inputs, outputs, ops=None, name="graph", unk
     unknown_dim: extent given to unknown floating dimensions (else they are refused).
     """
     g = ir.Graph(name)
-    chosen = list(ops) if ops is not None else graph.get_operations()
+    chosen = _live(list(ops) if ops is not None else graph.get_operations(), outputs, graph)
     chosen_names = {op.name for op in chosen}
     # Tensors read from ops left out (e.g. VarHandleOps) enter as placeholders.
     for op in chosen:
@@ -87,11 +106,10 @@ def from_tf_graph(graph, variables, inputs, outputs, ops=None, name="graph", unk
             g.add_tensor(ir.Tensor(t.name, _shape(t, unknown_dim), t.dtype.name,
                                        _itemsize(t.dtype)))
         attrs = {}
+        present = op.node_def.attr   # asking get_attr for absent keys costs an exception each
         for key in _ATTRS:
-            try:
+            if key in present:
                 attrs[key] = _plain(op.get_attr(key))
-            except (ValueError, TypeError):
-                pass
         if op.type in _CONST_INPUTS:
             index, key = _CONST_INPUTS[op.type]
             value = _static_value(op.inputs[index])
@@ -214,19 +232,35 @@ def variables_of_graph(graph):
     return found
 
 
-def from_graph_def(graph_def, inputs, outputs, name="graph"):
-    """IR of a GraphDef whose variables are VarHandleOp nodes (shapes from TF's inference)."""
+def from_graph_def(graph_def, inputs, outputs, targets=(), name="graph"):
+    """IR of a GraphDef whose variables are VarHandleOp nodes (shapes from TF's inference).
+
+    As a TF1 session run would, imports what `outputs` (tensor names, e.g. the loss) and
+    `targets` (op names, e.g. the train op grouping the updates) need, following data and
+    control edges, so initialisers and other unrelated nodes stay out.
+    """
     graph = tf.Graph()
     with graph.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")
-    variables = variables_of_graph(graph)
-    if not any(trainable for _, trainable in variables.values()):
-        # A bare GraphDef has no collections: call a variable trainable if the forward pass
-        # reads it (optimizer slots are read only by the update).
-        variables = {h: (n, True) for h, (n, _) in variables.items()}
-        g = from_tf_graph(graph, variables, inputs, outputs, name=name)
-        for var in g.variables.values():
-            readers = [g.ops[c] for c in g.tensors[var.handle].consumers]
-            var.trainable = any(op.phase == ir.FORWARD for op in readers)
-        return g
-    return from_tf_graph(graph, variables, inputs, outputs, name=name)
+    try:
+        roots = [graph.get_tensor_by_name(n).op for n in outputs] + \
+            [graph.get_operation_by_name(n) for n in targets]
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"output or target not in the GraphDef: {e}") from None
+    needed, stack = set(), list(roots)
+    while stack:
+        op = stack.pop()
+        if op.name not in needed:
+            needed.add(op.name)
+            stack.extend(t.op for t in op.inputs)
+            stack.extend(op.control_inputs)
+    ops = [op for op in graph.get_operations() if op.name in needed]
+    # A bare GraphDef has no collections: a variable is trainable if the forward pass
+    # reads it (optimizer slots are read only by the update).
+    variables = {h: (n, True) for h, (n, _) in variables_of_graph(graph).items()}
+    g = from_tf_graph(graph, variables, inputs, outputs, ops=ops, name=name)
+    for var in g.variables.values():
+        readers = [g.ops[c] for c in g.tensors[var.handle].consumers]
+        var.trainable = any(op.phase == ir.FORWARD and op.type != "VarHandleOp"
+                            for op in readers)
+    return g

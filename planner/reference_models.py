@@ -257,8 +257,9 @@ def build_eager(model, seed=0, **sizes):
     return step, example_inputs(spec, rng), variables
 
 
-def build_graph_ir(model, **sizes):
-    """The IR of the model's training step, built in graph mode (no weights allocated)."""
+def build_graph(model, **sizes):
+    """The training step in graph mode: (tf.Graph, input names, loss name, train op name,
+    the step's ops). Variables are VarHandleOp nodes; nothing is allocated."""
     sizes = sizes_for(model, **sizes)
     graph = tf.Graph()
     with graph.as_default():
@@ -269,7 +270,15 @@ def build_graph_ir(model, **sizes):
         inputs = [tf.compat.v1.placeholder(dtype, shape, name=name)
                   for name, shape, dtype, _ in spec.input_specs]
         loss = _train_step(spec, slots)(*inputs)
+        updates = [op for op in graph.get_operations()[first_step_op:]
+                   if op.type == "ResourceApplyAdam"]
+        train_op = tf.group(*updates, name="train_op")
     step_ops = graph.get_operations()[first_step_op:]
-    return graph_import.from_tf_graph(
-        graph, graph_import.variables_of_graph(graph), [t.name for t in inputs], [loss.name],
-        ops=step_ops, name=model)
+    return graph, [t.name for t in inputs], loss.name, train_op.name, step_ops
+
+
+def build_graph_ir(model, **sizes):
+    """The IR of the model's training step, built in graph mode (no weights allocated)."""
+    graph, inputs, loss, _, step_ops = build_graph(model, **sizes)
+    return graph_import.from_tf_graph(graph, graph_import.variables_of_graph(graph), inputs,
+                                      [loss], ops=step_ops, name=model)

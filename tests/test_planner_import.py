@@ -1,0 +1,98 @@
+"""Graph import: variables, phases, FLOPs and shapes from traced TF graphs; reshape axes."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf
+
+from tf_fusionstitch.planner import graph_import, ir, op_rules, reference_models
+
+
+class ImportTest(tf.test.TestCase):
+
+    def test_tf_function_training_step(self):
+        step, inputs, variables = reference_models.build_eager("mlp", batch=16,
+                                                               sizes=(4, 8, 2))
+        graph, graph_def, concrete = graph_import.from_function(
+            step, inputs, variables=variables.values())
+        self.assertEqual(set(graph.variables), set(variables))
+        w = graph.variables["layer0/w:0"]
+        self.assertEqual((w.shape, w.dtype, w.itemsize, w.trainable), ((4, 8), "float32", 4,
+                                                                       True))
+        self.assertFalse(graph.variables["layer0/w/m:0"].trainable)
+        # The captured placeholder carrying the handle is mapped back to the variable.
+        self.assertEqual(graph.tensors[w.handle].variable, "layer0/w:0")
+        self.assertEqual(graph.ops[graph.tensors[w.handle].producer].type, "Placeholder")
+        self.assertEqual([graph.tensors[n].shape for n in graph.inputs], [(16, 4), (16, 2)])
+        phases = {op.phase for op in graph.ops.values()}
+        self.assertEqual(phases, {ir.FORWARD, ir.BACKWARD, ir.UPDATE})
+        updates = [op for op in graph.ops.values() if op.phase == ir.UPDATE]
+        self.assertLen(updates, 4)   # one ResourceApplyAdam per variable
+        # Forward x(16,4) @ w(4,8): 2 * 16 * 8 * 4 FLOPs, reads 16*4 + 4*8, writes 16*8 floats.
+        first = [op for op in graph.ops.values() if op.type == "MatMul"
+                 and op.phase == ir.FORWARD][0]
+        self.assertEqual(first.flops, 2 * 16 * 8 * 4)
+        self.assertEqual(first.bytes, (16 * 4 + 4 * 8 + 16 * 8) * 4)
+        # Everything but dead ops (the tape's gradient with respect to the label input).
+        live = {n.name for n in graph_def.node} - set(graph.ops)
+        self.assertEqual([n.op for n in graph_def.node if n.name in live], ["Neg"])
+        self.assertTrue(graph.is_training)
+
+    def test_inference_function_is_all_forward(self):
+        w = tf.Variable(tf.ones([8, 8]), name="w_inference")
+
+        @tf.function
+        def infer(x):
+            return tf.nn.relu(tf.matmul(x, w))
+
+        graph = graph_import.from_function(infer, [tf.zeros([4, 8])])[0]
+        self.assertEqual({op.phase for op in graph.ops.values()}, {ir.FORWARD})
+        self.assertFalse(graph.is_training)
+        self.assertEqual(list(graph.variables), ["w_inference:0"])
+
+    def test_bare_graph_def_takes_what_the_fetches_need(self):
+        tf_graph, inputs, loss, train_op, _ = reference_models.build_graph(
+            "mlp", batch=8, sizes=(4, 8, 2))
+        graph = graph_import.from_graph_def(tf_graph.as_graph_def(), inputs, [loss],
+                                            targets=[train_op])
+        trainable = sorted(n for n, v in graph.variables.items() if v.trainable)
+        self.assertEqual(trainable, ["layer0/b:0", "layer0/w:0", "layer1/b:0", "layer1/w:0"])
+        self.assertLen(graph.variables, 12)   # and their Adam slots
+        # Initialisers are not part of the step.
+        self.assertLen([op for op in graph.ops.values() if op.phase == ir.UPDATE], 4)
+        same = reference_models.build_graph_ir("mlp", batch=8, sizes=(4, 8, 2))
+        self.assertEqual(sum(op.flops for op in graph.ops.values()),
+                         sum(op.flops for op in same.ops.values()))
+        with self.assertRaisesRegex(ValueError, "not in the GraphDef"):
+            graph_import.from_graph_def(tf_graph.as_graph_def(), inputs, ["nope:0"])
+
+    def test_errors_name_the_fix(self):
+        hidden = tf.Variable(tf.ones([3]), name="hidden_slot")
+
+        @tf.function
+        def raw(x):
+            tf.raw_ops.AssignAddVariableOp(resource=hidden.handle, value=x)
+            return x
+
+        with self.assertRaisesRegex(ValueError, "pass those variables as `variables=`"):
+            graph_import.from_function(raw, [tf.ones([3])])
+        dynamic = tf.function(lambda x: x * 2.0,
+                              input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+        with self.assertRaisesRegex(ValueError, "non-static shape.*concrete example inputs"):
+            graph_import.from_function(dynamic, [])
+        with self.assertRaisesRegex(ValueError, "tf.function or callable"):
+            graph_import.from_function(42, [])
+
+
+class ReshapeAxesTest(tf.test.TestCase):
+
+    def test_merged_axes_tie_their_outer_factor(self):
+        self.assertEqual(op_rules.reshape_ties((32, 64), (2, 16, 4, 16)), [(0, 0), (1, 2)])
+        self.assertEqual(op_rules.reshape_ties((2, 16, 4, 16), (32, 64)), [(0, 0), (2, 1)])
+        self.assertEqual(op_rules.reshape_ties((1, 8, 1), (8,)), [(1, 0)])
+        self.assertEqual(op_rules.reshape_ties((6,), (4,)), [])
+
+
+if __name__ == "__main__":
+    tf.test.main()
