@@ -132,6 +132,42 @@ class PlanEnv:
                             tuple(lo <= x <= hi for x in positions))
         return None
 
+    @property
+    def action_space_size(self):
+        """Actions of the widest decision: a DQN's output layer size (masks pad to it)."""
+        widest_m = max(len(self.micro_batch_choices(d, p)) for d, _, p in self.meshes)
+        return max(len(self.meshes), widest_m, 2, self.cost.num_units - 1)
+
+    def legal_mask(self, state):
+        """The next decision's legal actions as a list of bools of `action_space_size`."""
+        dec = self.decision(state)
+        mask = [False] * self.action_space_size
+        if dec is not None:
+            mask[:len(dec.legal)] = dec.legal
+        return mask
+
+    _KINDS = ("mesh", "micro_batches", "unit", "cut")
+
+    def observation(self, state):
+        """A fixed-length numeric view of a (partial) state for learned searches.
+
+        [one-hot of the next decision kind (4), its index / units, d/N, t/N, p/N, m/batch,
+        one slot per unit (1 split, 0 replicated, -1 undecided), one per possible cut
+        (position / units, -1 undecided)]; mesh values are 0 before the mesh is chosen.
+        """
+        n = self.cluster.num_devices
+        dec = self.decision(state)
+        kind = [float(dec is not None and dec.kind == k) for k in self._KINDS]
+        index = [dec.index / max(1, self.num_units) if dec is not None else 0.0]
+        mesh, m, units, cuts = self._parse(state)
+        d, t, p = mesh if mesh else (0, 0, 0)
+        mesh_feats = [d / n, t / n, p / n, (m or 0) / self.batch]
+        unit_feats = [float(x) for x in units] + [-1.0] * (self.num_units - len(units))
+        positions = list(range(1, self.cost.num_units))
+        cut_feats = [positions[c] / self.cost.num_units for c in cuts]
+        cut_feats += [-1.0] * (n - 1 - len(cut_feats))
+        return kind + index + mesh_feats + unit_feats + cut_feats
+
     def step(self, state, action):
         dec = self.decision(state)
         if dec is None:

@@ -1,6 +1,7 @@
 """Searches over the shared environment, the public `search` entry, and `Plan`."""
 
 import os
+import random
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -50,6 +51,28 @@ class EnvironmentAndSearchTest(tf.test.TestCase):
                                                 heads=4, ffn=64)
         env = planner.PlanEnv(small, planner.get_cluster("8xA100"), "operator")
         self.assertEqual(env.link.legal_units(set(), 8), [0, 2])
+
+    def test_episodes_for_learned_searches(self):
+        # What a DQN needs: fixed-size masks and observations along any legal episode.
+        env = planner.PlanEnv(self.graph, planner.get_cluster("8xA100"), "auto")
+        size, obs_len = env.action_space_size, len(env.observation(()))
+        rng = random.Random(0)
+        for _ in range(20):
+            state = env.reset()
+            while not env.complete(state):
+                mask = env.legal_mask(state)
+                self.assertLen(mask, size)
+                self.assertLen(env.observation(state), obs_len)
+                legal = [a for a, ok in enumerate(mask) if ok]
+                self.assertNotEmpty(legal)
+                illegal = [a for a, ok in enumerate(mask) if not ok]
+                if illegal:
+                    with self.assertRaises(ValueError):
+                        env.step(state, illegal[0])
+                state = env.step(state, rng.choice(legal))
+            self.assertLen(env.observation(state), obs_len)
+            self.assertEqual(env.state_of(env.config(state)), state)
+            self.assertLess(env.reward(state), 0)
 
     def test_pipeline_dp_matches_exhaustive_with_fewer_calls(self):
         best = planner.search_graph(self.graph, "2xA100", "pipeline", "exhaustive")
