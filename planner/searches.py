@@ -136,15 +136,23 @@ def _replace(config, **kw):
     return cm.Config(**fields)
 
 
+def _ranked_starts(env, track):
+    """Every mesh's plain start, evaluated, best first: a budget that runs out during
+    refinement has still compared every mesh."""
+    starts = [(track.consider(c), i, c) for i, c in enumerate(_start_configs(env))]
+    return [c for _, _, c in sorted(starts)]
+
+
 def greedy(env, budget=None):
-    """Hill climbing from every mesh's plain start: take the best single change until none
-    improves (changes: split or unsplit one unit, move one cut, adjacent micro-batch count)."""
+    """Hill climbing from every mesh's plain start (best start first): take the best single
+    change until none improves (split or unsplit one unit, move one cut, adjacent
+    micro-batch count)."""
     budget = budget or DEFAULT_BUDGET["greedy"]
     track = _Budget(env, budget)
-    for start in _start_configs(env):
+    for start in _ranked_starts(env, track):
         if track.exhausted():
             break
-        current, obj = start, track.consider(start)
+        current, obj = start, env.objective(env.evaluate(start))
         while not track.exhausted():
             best_n, best_obj = None, obj
             for n in _neighbours(env, current):
@@ -199,27 +207,28 @@ def _best_cuts(env, profile, p, m):
 
 
 def dp(env, budget=None):
-    """Per mesh and micro-batch count: the split units by exhaustive choice when few (else
-    greedy flips), then pipeline cuts by exact dynamic programming over pipeline units."""
+    """Per mesh (best plain start first): the split units by exhaustive choice when few
+    (else a greedy-grown list), then per micro-batch count the pipeline cuts by exact dynamic
+    programming over pipeline units."""
     budget = budget or DEFAULT_BUDGET["dp"]
     track = _Budget(env, budget)
-    for d, t, p in env.meshes:
+    for start in _ranked_starts(env, track):
+        d, t, p = start.replicas, start.tensor_parallel, start.stages
+        best_split, best_obj = frozenset(), math.inf
+        for s in (_split_sets(env, t) if t > 1 else [frozenset()]):
+            if track.exhausted():
+                break
+            o = track.consider(_replace(start, split_units=s))
+            if o < best_obj:
+                best_split, best_obj = s, o
+        if p == 1:
+            continue
         for m in env.micro_batch_choices(d, p):
             if track.exhausted():
                 break
-            even = env.even_cuts(p)
-            splits = _split_sets(env, t) if t > 1 else [frozenset()]
-            best_split, best_obj = frozenset(), math.inf
-            for s in splits:
-                if track.exhausted():
-                    break
-                o = track.consider(cm.Config(d, t, p, m, s, even, env.schedule))
-                if o < best_obj:
-                    best_split, best_obj = s, o
-            if p > 1 and not track.exhausted():
-                profile = env.cost.unit_profile(best_split, t, d * m)
-                cuts = _best_cuts(env, profile, p, m)
-                track.consider(cm.Config(d, t, p, m, best_split, cuts, env.schedule))
+            profile = env.cost.unit_profile(best_split, t, d * m)
+            cuts = _best_cuts(env, profile, p, m)
+            track.consider(cm.Config(d, t, p, m, best_split, cuts, env.schedule))
     return make_plan(env, track.best, "dp"), track.used
 
 

@@ -93,6 +93,15 @@ class EnvironmentAndSearchTest(tf.test.TestCase):
         dp = planner.search_graph(self.graph, "4xA100", "auto", "dp")
         self.assertLessEqual(dp.predicted_step_time, a.predicted_step_time)
 
+    def test_small_budgets_still_compare_every_mesh(self):
+        env = planner.PlanEnv(self.graph, planner.get_cluster("8xA100"), "auto")
+        data = env.evaluate(planner.Config(replicas=8)).step_time
+        for method in ("dp", "greedy"):
+            plan = planner.search_graph(self.graph, "8xA100", "auto", method,
+                                        budget=len(env.meshes))
+            self.assertEqual(plan.cost_model_calls, len(env.meshes))
+            self.assertLessEqual(plan.predicted_step_time, data)
+
     def test_exhaustive_refuses_a_space_beyond_its_budget(self):
         with self.assertRaisesRegex(ValueError, "more than 10 plans"):
             planner.search_graph(self.graph, "4xA100", "pipeline", "exhaustive", budget=10)
