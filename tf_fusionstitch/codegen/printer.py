@@ -44,6 +44,11 @@ class Target:
     export: str                 # prefix of an exported C function
     simd_pragma: str            # before a vectorisable column loop ({clauses} filled in)
     math: Dict[str, tuple]      # function -> (float32 name, float64 name)
+    limits: str = "std::numeric_limits"  # class template giving infinity(), quiet_NaN(), ...
+    # GPU targets only (codegen/gpu_printer.py):
+    shared: str = ""            # prefix of a block's shared-memory array
+    barrier: str = ""           # block-wide barrier statement
+    shuffle_xor: str = ""       # warp exchange: {v} value, {off} lane mask
 
 
 CPP = Target(
@@ -100,8 +105,15 @@ _EXPR = {
     "expm1": "{m:expm1}({0})", "sqrt": "{m:sqrt}({0})",
     "rsqrt": "(({T})1 / {m:sqrt}({0}))", "square": "({0} * {0})",
     "reciprocal": "(({T})1 / {0})", "tanh": "{m:tanh}({0})", "sigmoid": "{m:sigmoid}({0})", "softplus": "{m:softplus}({0})",
-    "relu": "fs_select({0} < ({T})0, ({T})0, {0})",
-    "relu6": "fs_select({0} < ({T})0, ({T})0, fs_select({0} > ({T})6, ({T})6, {0}))",
+    # TF computes these four with max/min instructions, which under its
+    # threads' denormals-are-zero return a zero for a denormal operand; a
+    # mask select would pass the denormal's bits through, so float results
+    # add +0 (flushed there, and exact everywhere else).
+    "relu": {"float": "(fs_select({0} < ({T})0, ({T})0, {0}) + ({T})0)",
+             "int": "fs_select({0} < ({T})0, ({T})0, {0})"},
+    "relu6": {"float": "(fs_select({0} < ({T})0, ({T})0, "
+                       "fs_select({0} > ({T})6, ({T})6, {0})) + ({T})0)",
+              "int": "fs_select({0} < ({T})0, ({T})0, fs_select({0} > ({T})6, ({T})6, {0}))"},
     "elu": "fs_select({0} < ({T})0, {m:exp}({0}) - ({T})1, {0})",
     "selu": "fs_select({0} < ({T})0, ({T})%r * ({m:exp}({0}) - ({T})1), ({T})%r * {0})"
             % (_SELU_SCALE_ALPHA, _SELU_SCALE),
@@ -115,11 +127,11 @@ _EXPR = {
     "logical_not": "(!{0})",
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
     "div_no_nan": "fs_select({1} == ({T})0, ({T})0, {0} / {1})",
-    "maximum": {"float": "fs_select({0} != {0}, {0}, fs_select({1} != {1}, {1}, "
-                         "fs_select({0} > {1}, {0}, {1})))",
+    "maximum": {"float": "(fs_select({0} != {0}, {0}, fs_select({1} != {1}, {1}, "
+                         "fs_select({0} > {1}, {0}, {1}))) + ({T})0)",
                 "int": "fs_select({0} > {1}, {0}, {1})"},
-    "minimum": {"float": "fs_select({0} != {0}, {0}, fs_select({1} != {1}, {1}, "
-                         "fs_select({0} < {1}, {0}, {1})))",
+    "minimum": {"float": "(fs_select({0} != {0}, {0}, fs_select({1} != {1}, {1}, "
+                         "fs_select({0} < {1}, {0}, {1}))) + ({T})0)",
                 "int": "fs_select({0} < {1}, {0}, {1})"},
     "pow": "{m:pow}({0}, {1})",
     "squared_difference": "(({0} - {1}) * ({0} - {1}))",
@@ -152,7 +164,7 @@ _REDUCE = {
 }
 
 
-def _literal(value, dtype: str) -> str:
+def _literal(value, dtype: str, limits: str = "std::numeric_limits") -> str:
     t = COMPUTE[dtype]
     if isinstance(value, str):
         value = ir.NONFINITE[value]
@@ -162,9 +174,9 @@ def _literal(value, dtype: str) -> str:
         return f"({t}){int(value)}LL" if dtype == "int64" else f"({t}){int(value)}"
     value = float(value)
     if math.isnan(value):
-        return f"std::numeric_limits<{t}>::quiet_NaN()"
+        return f"{limits}<{t}>::quiet_NaN()"
     if math.isinf(value):
-        return f"({'-' if value < 0 else ''}std::numeric_limits<{t}>::infinity())"
+        return f"({'-' if value < 0 else ''}{limits}<{t}>::infinity())"
     return f"({t}){value!r}"
 
 
@@ -181,7 +193,7 @@ class _Printer:
     def expr(self, st: k.Compute) -> str:
         cls = operand_class(st.arg_dtype)
         if st.prim == "const":
-            return _literal(dict(st.attrs)["value"], st.dtype)
+            return _literal(dict(st.attrs)["value"], st.dtype, self.t.limits)
         if st.prim == "cast":
             return self.cast(st.args[0], st.arg_dtype, st.dtype)
         if st.prim in ir.REDUCE or st.prim in ir.SHAPE_ONLY:
@@ -271,17 +283,17 @@ class _Printer:
         if ident in ("lowest", "highest"):
             floating = acc.dtype in ir.FLOAT_DTYPES
             if floating:
-                ident = ("-" if ident == "lowest" else "") + f"std::numeric_limits<{t}>::infinity()"
+                ident = ("-" if ident == "lowest" else "") + f"{self.t.limits}<{t}>::infinity()"
                 self.emit(f"int n_{acc.acc} = 0;", indent)
             else:
-                ident = f"std::numeric_limits<{t}>::{'lowest' if ident == 'lowest' else 'max'}()"
+                ident = f"{self.t.limits}<{t}>::{'lowest' if ident == 'lowest' else 'max'}()"
         self.emit(f"{t} a_{acc.acc} = {ident};", indent)
 
     def finish(self, st: k.Finish, indent: int) -> None:
         t = COMPUTE[st.dtype]
         value = f"a_{st.dst}"
         if st.kind in ("reduce_max", "reduce_min") and st.dtype in ir.FLOAT_DTYPES:
-            value = f"(n_{st.dst} ? std::numeric_limits<{t}>::quiet_NaN() : {value})"
+            value = f"(n_{st.dst} ? {self.t.limits}<{t}>::quiet_NaN() : {value})"
         elif st.kind == "reduce_mean":
             if st.dtype in ir.INT_DTYPES:
                 value = f"(count_r ? ({t})({value} / ({t})count_r) : ({t})0)"
@@ -290,6 +302,36 @@ class _Printer:
         elif st.kind in ("reduce_any", "reduce_all"):
             value = f"({value} != 0)"
         self.emit(f"const {t} {st.dst} = {value};", indent)
+
+    def declare_extents(self, indent: int) -> None:
+        """Block-uniform sizes: group extents g*, strides s*_*, count_r, n_cols
+        (and n_tiles when tiled), from `ext` and the static extents."""
+        kr = self.k
+        e = self.emit
+        for g, axes in enumerate(kr.group_extents):
+            # Static extents become constants: the compiler then knows trip
+            # counts (no remainder loops for a row of 128) and strides.
+            factors = [str(kr.static_extents[a]) if kr.static_extents[a] is not None
+                       else f"ext[{a}]" for a in axes]
+            e(f"const int64_t g{g} = " + " * ".join(factors) + ";", indent)
+        for i, tn in enumerate(kr.tensors):
+            for g in tn.groups:
+                inner = [h for h in tn.groups if h > g]
+                if g in kr.row_groups or inner or g in tn.bcast:  # unit stride prints as c{g}
+                    # A dimension broadcast at run time has stride 0 and extent 1.
+                    factors = [f"(ext[{tn.bcast[h]}] ? 1 : g{h})" if h in tn.bcast else f"g{h}"
+                               for h in inner]
+                    if g in tn.bcast:
+                        factors.insert(0, f"(ext[{tn.bcast[g]}] ? 0 : 1)")
+                    e(f"const int64_t s{i}_{g} = " + (" * ".join(factors) or "1") + ";", indent)
+        if kr.reduce_axes:
+            e("const int64_t count_r = " + " * ".join(f"ext[{a}]" for a in kr.reduce_axes)
+              + ";", indent)
+        e("(void)ext;", indent)
+        cols = " * ".join(f"g{g}" for g in kr.col_groups) or "1"
+        e(f"const int64_t n_cols = {cols}; (void)n_cols;", indent)
+        if kr.tiled and kr.col_groups:
+            e(f"const int64_t n_tiles = (n_cols + {TILE} - 1) / {TILE};", indent)
 
     # -- kernel ------------------------------------------------------------
     def kernel(self) -> str:
@@ -301,30 +343,7 @@ class _Printer:
             st = STORAGE[tn.dtype]
             const = "" if tn.is_output else "const "
             e(f"{const}{st}* t{i} = static_cast<{const}{st}*>(bufs[{i}]);", 1)
-        for g, axes in enumerate(kr.group_extents):
-            # Static extents become constants: the compiler then knows trip
-            # counts (no remainder loops for a row of 128) and strides.
-            factors = [str(kr.static_extents[a]) if kr.static_extents[a] is not None
-                       else f"ext[{a}]" for a in axes]
-            e(f"const int64_t g{g} = " + " * ".join(factors) + ";", 1)
-        for i, tn in enumerate(kr.tensors):
-            for g in tn.groups:
-                inner = [h for h in tn.groups if h > g]
-                if g in kr.row_groups or inner or g in tn.bcast:  # unit stride prints as c{g}
-                    # A dimension broadcast at run time has stride 0 and extent 1.
-                    factors = [f"(ext[{tn.bcast[h]}] ? 1 : g{h})" if h in tn.bcast else f"g{h}"
-                               for h in inner]
-                    if g in tn.bcast:
-                        factors.insert(0, f"(ext[{tn.bcast[g]}] ? 0 : 1)")
-                    e(f"const int64_t s{i}_{g} = " + (" * ".join(factors) or "1") + ";", 1)
-        if kr.reduce_axes:
-            e("const int64_t count_r = " + " * ".join(f"ext[{a}]" for a in kr.reduce_axes)
-              + ";", 1)
-        e("(void)ext;", 1)
-        cols = " * ".join(f"g{g}" for g in kr.col_groups) or "1"
-        e(f"const int64_t n_cols = {cols}; (void)n_cols;", 1)
-        if kr.tiled and kr.col_groups:
-            e(f"const int64_t n_tiles = (n_cols + {TILE} - 1) / {TILE};", 1)
+        self.declare_extents(1)
         for pool, bufs in (("b", kr.buffers), ("h", kr.hoisted)):
             for b, dtype in bufs.items():
                 e(f"{COMPUTE[dtype]}* {pool}_{b} = new {COMPUTE[dtype]}[n_cols > 0 ? n_cols : 1];",
