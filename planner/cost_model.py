@@ -289,6 +289,14 @@ class CostModel:
             self.unit_of[op.name] = unit
             acc += x
         self.num_units = unit + 1
+        # Free ops (variable reads, views, placeholders) go with their first forward user,
+        # so a cut before a layer also moves the reads of its weights.
+        for op in reversed(self.forward):
+            if op_rules.is_free(op.type):
+                users = [self.unit_of[c] for n in op.outputs
+                         for c in graph.tensors[n].consumers if c in self.unit_of]
+                if users:
+                    self.unit_of[op.name] = min(users)
         tensors = graph.tensors
         var_unit = {}
         for name, t in tensors.items():
@@ -297,17 +305,28 @@ class CostModel:
                     if graph.ops[op].phase == ir.FORWARD:
                         u = self.unit_of[op]
                         var_unit[t.variable] = min(u, var_unit.get(t.variable, u))
+        # Where each backward and update op runs. A gradient op runs with the forward op it
+        # mirrors, which TF's gradient name scopes tell (`gradient_tape/<forward op>/...`);
+        # an update runs where its variable lives; anything else (gradient sums, optimizer
+        # arithmetic) with its earliest input, since gradients flow from later stages back.
         self.anchor = dict(self.unit_of)
         for op in graph.ops.values():
             if op.phase == ir.FORWARD:
                 continue
-            found = []
+            owned = [var_unit[tensors[n].variable] for n in op.inputs
+                     if tensors[n].variable in var_unit]
+            mirrored = self._mirrored_forward_op(op.name)
+            if op.phase == ir.UPDATE and owned:
+                self.anchor[op.name] = min(owned)
+                continue
+            if mirrored is not None:
+                self.anchor[op.name] = self.unit_of[mirrored]
+                continue
+            found = list(owned)
             for name in op.inputs:
                 t = tensors[name]
-                if t.variable:
-                    if t.variable in var_unit:
-                        found.append(var_unit[t.variable])
-                elif t.producer in self.anchor and graph.ops[t.producer].type != "Const":
+                if not t.variable and t.producer in self.anchor and \
+                        graph.ops[t.producer].type != "Const":
                     found.append(self.anchor[t.producer])
             self.anchor[op.name] = min(found) if found else self.num_units - 1
         for op in graph.ops.values():
@@ -315,7 +334,30 @@ class CostModel:
                 var = tensors[name].variable
                 if var and var not in var_unit:
                     var_unit[var] = self.anchor[op.name]
+        # Input-less helpers of the backward pass and the update (handle placeholders, the
+        # optimizer's scalar constants) go with what reads them.
+        for op in graph.ops.values():
+            if op.phase != ir.FORWARD and not op.inputs:
+                handles = [tensors[n].variable for n in op.outputs if tensors[n].variable]
+                readers = [self.anchor[c] for n in op.outputs for c in tensors[n].consumers]
+                if handles and handles[0] in var_unit:
+                    self.anchor[op.name] = var_unit[handles[0]]
+                elif readers:
+                    self.anchor[op.name] = min(readers)
         self.var_unit = var_unit
+
+    def _mirrored_forward_op(self, name):
+        """The forward op a gradient op's name scope names, if any."""
+        for prefix in ("gradient_tape/", "gradients/"):
+            if name.startswith(prefix):
+                parts = name[len(prefix):].split("/")
+                for k in range(len(parts) - 1, 0, -1):
+                    candidate = "/".join(parts[:k])
+                    if prefix == "gradients/" and candidate.endswith("_grad"):
+                        candidate = candidate[:-len("_grad")]
+                    if candidate in self.unit_of:
+                        return candidate
+        return None
 
     def stage_of_unit(self, cuts):
         stages, s = [], 0

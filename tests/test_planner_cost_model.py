@@ -102,6 +102,41 @@ class TracedStepTest(tf.test.TestCase):
             model.evaluate(cm.Config(stages=2, micro_batches=2, cuts=()))
 
 
+class PipelineStagesTest(tf.test.TestCase):
+    """Where backward and update ops run, and what crosses a cut, on a two-layer MLP."""
+
+    def test_two_stage_split_between_the_layers(self):
+        step, inputs, variables = reference_models.build_eager("mlp", batch=16,
+                                                               sizes=(4, 8, 2))
+        graph = graph_import.from_function(step, inputs, variables=variables.values())[0]
+        model = cm.CostModel(graph, planner.get_cluster("2xV100"))
+        cut = model.unit_of["MatMul_1"]            # layer 1 starts stage 1
+        stage = dict(zip(range(model.num_units), model.stage_of_unit((cut,))))
+        on = {name: stage[u] for name, u in model.anchor.items()}
+        updates = {op.inputs[0]: op.name for op in graph.ops.values()
+                   if op.type == "ResourceApplyAdam"}
+        w1_update = updates[graph.variables["layer1/w:0"].handle]
+        w0_update = updates[graph.variables["layer0/w:0"].handle]
+        # A weight's gradient and update run where the weight's layer runs.
+        self.assertEqual(on["gradient_tape/MatMul_1/MatMul_1"], 1)   # dW1
+        self.assertEqual(on["gradient_tape/MatMul_1/MatMul"], 1)     # dX1
+        self.assertEqual(on[w1_update], 1)
+        self.assertEqual(on["gradient_tape/ReluGrad"], 0)
+        self.assertEqual(on["gradient_tape/MatMul/MatMul"], 0)       # dW0
+        self.assertEqual(on[w0_update], 0)
+        for m in (1, 2):
+            est = model.evaluate(cm.Config(stages=2, micro_batches=m, cuts=(cut,)))
+            # Crossing the cut per micro-batch: the ReLU output forward, its gradient back,
+            # 16/m x 8 floats each.
+            self.assertEqual(est.p2p_bytes, [16 * 8 * 4 / m, 16 * 8 * 4 / m])
+            # Weights, Adam slots and gradients: layer 0 (4x8 + 8) and layer 1 (8x2 + 2).
+            w0, w1 = (4 * 8 + 8) * 4, (8 * 2 + 2) * 4
+            acts0 = (16 * 4 + 16 * 8) * 4 / m   # x and the first layer's output
+            acts1 = 16 * 2 * 4 / m              # y_hat - y, read by the square's gradient
+            # 1F1B: stage 0 holds min(p, m) micro-batches in flight, stage 1 one.
+            self.assertEqual(est.memory_per_stage, [4 * w0 + acts0 * min(2, m), 4 * w1 + acts1])
+
+
 class BertLargeTest(tf.test.TestCase):
 
     def test_data_parallel_step_time_matches_published_v100_throughput(self):
