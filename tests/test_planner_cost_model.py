@@ -135,6 +135,11 @@ class PipelineStagesTest(tf.test.TestCase):
             acts1 = 16 * 2 * 4 / m              # y_hat - y, read by the square's gradient
             # 1F1B: stage 0 holds min(p, m) micro-batches in flight, stage 1 one.
             self.assertEqual(est.memory_per_stage, [4 * w0 + acts0 * min(2, m), 4 * w1 + acts1])
+            # GPipe runs all m forwards first: every stage holds m micro-batches.
+            gpipe = model.evaluate(cm.Config(stages=2, micro_batches=m, cuts=(cut,),
+                                             schedule="gpipe"))
+            self.assertEqual(gpipe.memory_per_stage, [4 * w0 + acts0 * m, 4 * w1 + acts1 * m])
+            self.assertEqual(gpipe.step_time, est.step_time)
 
 
 class BertLargeTest(tf.test.TestCase):
