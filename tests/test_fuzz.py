@@ -5,7 +5,7 @@
   against TensorFlow with the oracle's derived bounds. No shrinking here: a
   failure prints each failing case as JSON and as a standalone script; shrink
   it with `python -m tf_fusionstitch.tools.fuzz --graphs=... --seed=...`.
-  Sized to stay under ~90 s on the 2-core development machine, including the
+  Sized for a few minutes on the 2-core development machine, including the
   first build of the FusionStitch op library (CI_GRAPHS below).
 - FuzzRegressionTest replays every minimal case in tests/fuzz_regressions/
   (written by the fuzzer). A case whose "status" is "open" (a known, unfixed
@@ -23,10 +23,10 @@ import tensorflow as tf
 from tf_fusionstitch.tools import fuzz_graphs as fg
 
 CI_SEED = 20250101
-# 192 graphs (24 batches of 8, ~550 kernels): measured 75 s for the whole test on
-# the 2-core machine under nice 19 with a fresh kernel cache, including the
-# FusionStitch op library build (~10 s) when this file runs alone; ~3 graphs/s.
-CI_GRAPHS = 192
+# Issue 5 asks for 500+ graphs in CI: 512 (64 batches of 8, ~1,500 kernels,
+# ~0.12 s of g++ each). Measured 250 s for this test on the 2-core machine
+# while a soak and other work kept it at load average 5; ~4 graphs/s idle.
+CI_GRAPHS = 512
 
 
 class FuzzTest(tf.test.TestCase):
