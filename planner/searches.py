@@ -103,7 +103,8 @@ def _start_configs(env):
     for d, t, p in env.meshes:
         ms = env.micro_batch_choices(d, p)
         m = min((x for x in ms if x >= p), default=ms[-1])
-        yield cm.Config(d, t, p, m, frozenset(), env.even_cuts(p), env.schedule)
+        split = frozenset(env.link.legal_units(set(), t)[:1]) if t > 1 else frozenset()
+        yield cm.Config(d, t, p, m, split, env.even_cuts(p), env.schedule)
 
 
 def _neighbours(env, config):
@@ -111,7 +112,8 @@ def _neighbours(env, config):
     if t > 1:
         for u in range(env.num_units):
             if u in config.split_units:
-                yield _replace(config, split_units=config.split_units - {u})
+                if len(config.split_units) > 1:   # a t > 1 mesh splits something
+                    yield _replace(config, split_units=config.split_units - {u})
             elif u in link.legal_units(set(config.split_units), t):
                 yield _replace(config, split_units=config.split_units | {u})
     ms = env.micro_batch_choices(config.replicas, config.stages)
@@ -233,7 +235,8 @@ def dp(env, budget=None):
 
 
 def _split_sets(env, t, limit=64):
-    """All legal sets of split units if there are at most `limit`, else greedy-grown ones."""
+    """All non-empty legal sets of split units if there are at most `limit`, else the single
+    units and their greedy-grown union."""
     link = env.link
     sets, frontier = [frozenset()], [frozenset()]
     while frontier and len(sets) <= limit:
@@ -245,15 +248,14 @@ def _split_sets(env, t, limit=64):
         sets += nxt
         frontier = nxt
     if len(sets) <= limit:
-        return sets
-    # Too many: every single unit and the union of all compatible ones, in order.
-    grown, out = set(), [frozenset()]
-    for u in range(env.num_units):
+        return sets[1:]
+    # Too many: every single unit, and the union of compatible ones grown in order.
+    singles = link.legal_units(set(), t)
+    grown = set()
+    for u in singles:
         if u in link.legal_units(grown, t):
-            out.append(frozenset({u}))
             grown.add(u)
-    out.append(frozenset(grown))
-    return out
+    return [frozenset({u}) for u in singles] + ([frozenset(grown)] if len(grown) > 1 else [])
 
 
 SEARCHES = {"exhaustive": exhaustive, "dp": dp, "greedy": greedy, "random": random}

@@ -8,7 +8,8 @@ An episode is a sequence of decisions, each with a mask of legal actions:
   2. micro-batches m (only when p > 1);
   3. one decision per linkage unit (only when t > 1): 0 = replicate, 1 = split it t ways
      along its own axis (illegal when an extent is not divisible by t, or when a tensor
-     would be split twice together with an already split unit);
+     would be split twice together with an already split unit); at least one unit is
+     split, and meshes whose t splits nothing are not offered;
   4. p - 1 pipeline cuts, increasing, at pipeline-unit boundaries.
 
 A finished episode is a `cost_model.Config`; its reward is minus the predicted step time
@@ -70,7 +71,10 @@ class PlanEnv:
                 p = n // (d * t)
                 allowed = {"data": t == 1 and p == 1, "operator": d == 1 and p == 1,
                            "pipeline": d == 1 and t == 1, "auto": True}[self.strategy]
-                if allowed and self.batch % d == 0 and p <= self.cost.num_units:
+                # t devices that split nothing would only repeat one device's work.
+                splittable = t == 1 or self.link.legal_units(set(), t)
+                if allowed and splittable and self.batch % d == 0 and \
+                        p <= self.cost.num_units:
                     out.append((d, t, p))
         return out
 
@@ -79,6 +83,9 @@ class PlanEnv:
         if self.strategy == "data":
             return (f"data parallelism over {n} devices needs a batch divisible by {n}; the "
                     f"graph's batch is {self.batch}")
+        if self.strategy == "operator":
+            return (f"operator partitioning over {n} devices needs a linkage group whose "
+                    f"extents divide by {n}; this graph has none")
         if self.strategy == "pipeline":
             return (f"a {n}-stage pipeline needs at least {n} pipeline units; the graph has "
                     f"{self.cost.num_units}")
@@ -121,9 +128,12 @@ class PlanEnv:
             choices = self.micro_batch_choices(d, p)
             return Decision("micro_batches", 0, tuple(choices), (True,) * len(choices))
         if t > 1 and len(units) < self.num_units:
+            here = len(units)
             chosen = {i for i, x in enumerate(units) if x}
-            legal_split = len(units) in self.link.legal_units(chosen, t)
-            return Decision("unit", len(units), (0, 1), (True, legal_split))
+            legal = self.link.legal_units(chosen, t)
+            # At least one unit must be split: replicating is illegal for the last chance.
+            last_chance = not chosen and [u for u in legal if u >= here] == [here]
+            return Decision("unit", here, (0, 1), (not last_chance, here in legal))
         if len(cuts) < p - 1:
             lo = (cuts[-1] + 1 if cuts else 0) + 1   # cut actions are positions - 1
             hi = self.cost.num_units - (p - 1 - len(cuts))

@@ -51,6 +51,13 @@ class EnvironmentAndSearchTest(tf.test.TestCase):
                                                 heads=4, ffn=64)
         env = planner.PlanEnv(small, planner.get_cluster("8xA100"), "operator")
         self.assertEqual(env.link.legal_units(set(), 8), [0, 2])
+        # A tensor-parallel mesh splits at least one unit: replicating the last splittable
+        # unit after replicating all others is illegal.
+        state = env.step(env.step(env.step((), 0), 0), 0)
+        self.assertEqual(env.decision(state).legal, (False, True))
+        with self.assertRaisesRegex(ValueError, "linkage group whose extents divide by 8"):
+            planner.PlanEnv(reference_models.build_graph_ir(
+                "mlp", batch=8, sizes=(6, 6)), planner.get_cluster("8xA100"), "operator")
 
     def test_episodes_for_learned_searches(self):
         # What a DQN needs: fixed-size masks and observations along any legal episode.
