@@ -1,11 +1,14 @@
-"""Cluster -> complete kernel source for a target (schedule, lower, print)."""
+"""Cluster -> complete kernel source for a target (schedule, lower, print):
+C++ (generate_cpp), CUDA (generate_cuda) and the CUDA schedule emulated in
+C++ (generate_gpu_emulation)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.codegen import kernel_ir, printer, shape_fn
+from tf_fusionstitch.codegen import gpu_printer, kernel_ir, printer, shape_fn
+from tf_fusionstitch.gpu_schedule import GpuPlan, plan_gpu
 from tf_fusionstitch.schedule import Schedule, build_schedule
 
 
@@ -29,3 +32,38 @@ def generate_cpp(cluster: ir.Cluster) -> GeneratedKernel:
         "",
     ])
     return GeneratedKernel(source, sched)
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratedCudaKernel:
+    source: str              # CUDA C++ for NVRTC: `fs_kernel` (docs/KERNEL_ABI.md, CUDA)
+    plan: GpuPlan            # schedule as lowered for the GPU, and its mapping
+    n_ext: int               # run-time extents the kernel takes after its buffers
+    host_source: str         # C++ with fs_meta and fs_shape: the launcher's extents and grid
+
+
+def generate_cuda(cluster: ir.Cluster) -> GeneratedCudaKernel:
+    """Validates the cluster and prints its CUDA kernel (docs/KERNEL_ABI.md).
+    Raises UnsupportedCluster where the GPU target cannot fuse it."""
+    cluster.validate()
+    plan = plan_gpu(build_schedule(cluster))
+    n_ext = shape_fn.num_ext(plan.schedule)
+    return GeneratedCudaKernel(gpu_printer.print_cuda(plan, n_ext), plan, n_ext,
+                               _host_part(plan))
+
+
+def generate_gpu_emulation(cluster: ir.Cluster) -> GeneratedKernel:
+    """The CUDA kernel's schedule as a C++ block function (CPU ABI of
+    docs/KERNEL_ABI.md): threads of a block run as loops per phase, so the
+    CPU runtime checks the GPU index math, barriers and shuffles."""
+    cluster.validate()
+    plan = plan_gpu(build_schedule(cluster))
+    source = "\n".join([_host_part(plan), gpu_printer.print_emulation(plan), ""])
+    return GeneratedKernel(source, plan.schedule)
+
+
+def _host_part(plan: GpuPlan) -> str:
+    target = printer.CPP
+    return "\n".join([printer.headers(target),
+                      shape_fn.print_meta(plan.schedule, target.export),
+                      shape_fn.print_shape_fn(plan.schedule, plan.kernel, target.export)])

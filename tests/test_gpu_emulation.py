@@ -1,0 +1,198 @@
+"""The CUDA schedule, run on the CPU: emulated blocks against NumPy.
+
+generate_gpu_emulation prints the CUDA kernel's body as C++ where a block's
+threads are loops per phase (codegen/gpu_printer.py). These tests run it over
+odd row counts (0, 1, fewer rows than a block, not a multiple of the rows per
+block), odd column counts (1, not a multiple of 32 or of the block) and both
+mappings (warp per row, block per row), with work split unevenly over CPU
+threads as the ABI allows. They also check that the emulation would notice
+a missing barrier or shuffle step. TF-free; needs only g++.
+"""
+
+import numpy as np
+import pytest
+
+from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch import gpu_kernels, patterns
+from tf_fusionstitch.codegen import gpu_printer
+from tf_fusionstitch.gpu_schedule import plan_gpu
+from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
+from tf_fusionstitch.schedule import UnsupportedCluster, build_schedule
+
+T, op = ir.TensorType, ir.make_op
+N = None
+PATTERNS = patterns.standard_patterns()
+ROWS = (0, 1, 5, 13, 37)
+
+
+def emulate(cluster, inputs, threads=3):
+    kernel = CpuKernel(gpu_kernels.build_emulation(cluster))
+    return kernel.run(inputs, threads=threads, forward=True)
+
+
+def check_pattern(pattern, rows, seed):
+    rng = np.random.default_rng(seed)
+    inputs = pattern.make_inputs(rng, rows)
+    outputs = emulate(pattern.cluster, inputs)
+    for got, want in zip(outputs, pattern.reference(inputs)):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=pattern.rtol, atol=pattern.atol)
+
+
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_standard_pattern_matches_numpy_for_odd_row_counts(name):
+    for seed, rows in enumerate(ROWS):
+        check_pattern(PATTERNS[name], rows, seed)
+
+
+def test_short_rows_take_a_warp_each_and_long_rows_a_block():
+    short = plan_gpu(build_schedule(PATTERNS["layernorm_768"].cluster)).mapping
+    assert (short.kind, short.row_threads, short.rows_per_block) == ("warp", 32, 8)
+    long = plan_gpu(build_schedule(PATTERNS["layernorm_4096"].cluster)).mapping
+    assert (long.kind, long.row_threads, long.rows_per_block) == ("block", 256, 1)
+
+
+def test_softmax_keeps_exponentials_in_shared_memory_when_they_fit():
+    plan = plan_gpu(build_schedule(PATTERNS["softmax_3000"].cluster))
+    assert plan.kernel.buffers == {"v_e": "float32"} and not plan.dropped
+    source = gpu_printer.print_cuda(plan, 2)
+    assert "__shared__ float b_v_e[3000];" in source
+
+
+def _softmax(shape, dtype="float32"):
+    kept = shape[:-1] + (1,)
+    return ir.Cluster((("x", T(dtype, shape)),), (
+        op("m", "reduce_max", ["x"], T(dtype, kept), axes=[-1], keep_dims=True),
+        op("d", "sub", ["x", "m"], T(dtype, shape)),
+        op("e", "exp", ["d"], T(dtype, shape)),
+        op("z", "reduce_sum", ["e"], T(dtype, kept), axes=[-1], keep_dims=True),
+        op("y", "div", ["e", "z"], T(dtype, shape))), ("y",))
+
+
+def _np_softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("rows,width", [(9, 2000), (3, 1), (17, 33), (2, 0)])
+def test_dynamic_row_length_recomputes_instead_of_buffering(rows, width):
+    c = _softmax((N, N))
+    plan = plan_gpu(build_schedule(c))
+    assert plan.mapping.kind == "block" and not plan.kernel.buffers
+    assert any("recomputed" in why for why in plan.dropped)
+    x = np.random.default_rng(rows).standard_normal((rows, width)).astype(np.float32) * 4
+    (y,) = emulate(c, [x])
+    if width:
+        np.testing.assert_allclose(y, _np_softmax(x), rtol=2e-6, atol=1e-7)
+    assert y.shape == (rows, width)
+
+
+def test_one_column_rows_and_nan_rows():
+    c = _softmax((N, 1))
+    x = np.random.default_rng(0).standard_normal((11, 1)).astype(np.float32)
+    (y,) = emulate(c, [x])
+    np.testing.assert_array_equal(y, np.ones_like(x))
+    c = _softmax((N, 70))
+    x = np.random.default_rng(1).standard_normal((10, 70)).astype(np.float32)
+    x[3, 69] = np.nan  # the NaN flag must cross lanes: it sits in lane 5 only
+    (y,) = emulate(c, [x])
+    assert np.isnan(y[3]).all() and not np.isnan(np.delete(y, 3, 0)).any()
+    np.testing.assert_allclose(np.delete(y, 3, 0), _np_softmax(np.delete(x, 3, 0)), rtol=2e-6,
+                               atol=1e-7)
+
+
+def test_reduction_over_two_column_groups_in_float64():
+    """Columns (axes 0 and 2) are one linear index that each thread splits
+    back into its two coordinates; float64 accumulators take the shuffles."""
+    c = ir.Cluster((("x", T("float64", (4, N, 300))),), (
+        op("mx", "reduce_max", ["x"], T("float64", (1, N, 1)), axes=[0, 2], keep_dims=True),
+        op("d", "sub", ["x", "mx"], T("float64", (4, N, 300))),
+        op("sq", "mul", ["d", "d"], T("float64", (4, N, 300))),
+        op("ss", "reduce_sum", ["sq"], T("float64", (1, N, 1)), axes=[0, 2], keep_dims=True),
+        op("y", "mul", ["d", "ss"], T("float64", (4, N, 300)))), ("y", "ss"))
+    assert plan_gpu(build_schedule(c)).mapping.kind == "block"  # 1200 columns
+    x = np.random.default_rng(2).standard_normal((4, 7, 300))
+    y, ss = emulate(c, [x])
+    d = x - x.max((0, 2), keepdims=True)
+    np.testing.assert_allclose(ss, (d * d).sum((0, 2), keepdims=True), rtol=1e-12)
+    np.testing.assert_allclose(y, d * (d * d).sum((0, 2), keepdims=True), rtol=1e-12)
+
+
+def test_integer_and_boolean_reductions_are_exact_across_lanes():
+    c = ir.Cluster((("x", T("int32", (N, 45))),), (
+        op("mean", "reduce_mean", ["x"], T("int32", (N,)), axes=[1], keep_dims=False),
+        op("mn", "reduce_min", ["x"], T("int32", (N,)), axes=[1], keep_dims=False),
+        op("z", "const", [], T("int32", ()), value=0),
+        op("pos", "greater", ["x", "z"], T("bool", (N, 45))),
+        op("all", "reduce_all", ["pos"], T("bool", (N,)), axes=[1], keep_dims=False),
+        op("any", "reduce_any", ["pos"], T("bool", (N,)), axes=[1], keep_dims=False)),
+        ("mean", "mn", "all", "any"))
+    x = np.random.default_rng(3).integers(-2**31, 2**31 - 1, (12, 45)).astype(np.int32)
+    x[0] = np.abs(x[0] // 2) + 1
+    x[1] = -np.abs(x[1] // 2) - 1
+    mean, mn, all_, any_ = emulate(c, [x])
+    np.testing.assert_array_equal(mean, np.trunc(x.astype(np.int64).sum(1) / 45).astype(np.int32))
+    np.testing.assert_array_equal(mn, x.min(1))
+    np.testing.assert_array_equal(all_, (x > 0).all(1))
+    np.testing.assert_array_equal(any_, (x > 0).any(1))
+
+
+def test_elementwise_rows_longer_than_a_tile_split_into_items():
+    """Without reductions a row of 10000 columns is three 4096-column items;
+    each item is a block, its threads striding over the item's columns."""
+    c = ir.Cluster((("a", T("float32", (N, 10000))), ("b", T("float32", (10000,)))), (
+        op("p", "mul", ["a", "b"], T("float32", (N, 10000))),
+        op("t", "tanh", ["p"], T("float32", (N, 10000)))), ("t", "p"))
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((3, 10000)).astype(np.float32)
+    b = rng.standard_normal(10000).astype(np.float32)
+    t, p = emulate(c, [a, b])
+    np.testing.assert_array_equal(p, a * b)
+    np.testing.assert_allclose(t, np.tanh(a * b), rtol=3e-7, atol=1e-7)
+
+
+def test_hoisted_channel_values_are_shared_by_a_block_per_row():
+    pat = patterns.bn_inference_relu(2048, hw=2)
+    plan = plan_gpu(build_schedule(pat.cluster))
+    assert plan.mapping.kind == "block" and set(plan.kernel.hoisted) == {"v_f", "v_sh"}
+    for rows in (0, 1, 3):
+        check_pattern(pat, rows, rows)
+
+
+def test_sixteen_bit_floats_are_refused_for_now():
+    c = ir.Cluster((("x", T("float16", (N, 8))),), (
+        op("y", "neg", ["x"], T("float16", (N, 8))),), ("y",))
+    with pytest.raises(UnsupportedCluster, match="16-bit"):
+        plan_gpu(build_schedule(c))
+
+
+# -- the emulation notices broken synchronisation ---------------------------
+
+def _without(monkeypatch, drop):
+    real = gpu_printer._GpuBody.sync
+
+    def sync(self, point):
+        if drop(point):
+            self.parts.append(self.lines)
+            self.lines = []
+        else:
+            real(self, point)
+    monkeypatch.setattr(gpu_printer._GpuBody, "sync", sync)
+
+
+def test_a_missing_barrier_gives_wrong_results(monkeypatch):
+    """Without the barrier, threads read other warps' partials before they
+    are written (the emulation's shared memory starts as NaN)."""
+    pat = PATTERNS["layernorm_4096"]
+    _without(monkeypatch, lambda p: isinstance(p, gpu_printer._Barrier))
+    inputs = pat.make_inputs(np.random.default_rng(5), 3)
+    y, _ = emulate(pat.cluster, inputs)
+    assert not np.allclose(y, pat.reference(inputs)[0], rtol=pat.rtol, atol=pat.atol)
+
+
+def test_a_missing_shuffle_step_gives_wrong_results(monkeypatch):
+    pat = PATTERNS["softmax_128"]
+    _without(monkeypatch, lambda p: isinstance(p, gpu_printer._Shuffle) and p.offset == 4)
+    inputs = pat.make_inputs(np.random.default_rng(6), 9)
+    (y,) = emulate(pat.cluster, inputs)
+    assert not np.allclose(y, pat.reference(inputs)[0], rtol=pat.rtol, atol=pat.atol)

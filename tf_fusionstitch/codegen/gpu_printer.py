@@ -1,0 +1,401 @@
+"""GPU kernels from kernel IR: one body, printed as CUDA or as its C++ emulation.
+
+`_GpuBody` walks a `GpuPlan` (gpu_schedule.py) and prints the code of one
+thread, using the shared printer (printer.py) for every statement, split into
+*parts* by the points where threads communicate: `_Barrier` (`__syncthreads`),
+`_Shuffle` (one step of a warp's xor tree) and `_Guard` (threads past the
+last row stop). The two assemblers differ only in how they join the parts:
+
+- `print_cuda`: straight-line code, a part after another, the sync points
+  printed from the CUDA target table.
+- `print_emulation`: a C++ block function (docs/KERNEL_ABI.md, fs_run) that
+  runs the blocks one after another and, inside a block, each *phase* (code
+  between two sync points) as a loop over the block's threads. Values that
+  cross a phase boundary live in per-thread arrays (`R_<name>[tid]`), saved at
+  the end of a phase and restored where a later phase uses them; a shuffle
+  reads a snapshot of its lanes' values (`S_<name>[tid ^ offset]`); shared
+  memory is an array of the block function. The index math, barriers and
+  shuffles are exactly those of the CUDA kernel, so running the emulation
+  against NumPy checks them without a GPU. Math functions come from the
+  C++ target (vecmath.py), so the emulation does not check CUDA's libm.
+
+No TensorFlow import here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Dict, List
+
+from tf_fusionstitch.codegen import kernel_ir as k
+from tf_fusionstitch.codegen import printer
+from tf_fusionstitch.codegen.printer import COMPUTE, STORAGE, _REDUCE, Target
+from tf_fusionstitch.gpu_schedule import GpuPlan
+from tf_fusionstitch.schedule import ELEMENTWISE_TILE as TILE
+
+KERNEL_NAME = "fs_kernel"
+
+# NVRTC has no standard headers: fixed-width types, the limits the printer
+# asks for, and the helpers _EXPR names, written for the device.
+_CUDA_PRELUDE = r"""// ---- CUDA prelude (compiled by NVRTC without standard headers) ----
+typedef int int32_t;
+typedef long long int64_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+#define FS_DEV static __device__ __forceinline__
+template <typename T> struct fs_limits;
+template <> struct fs_limits<float> {
+  FS_DEV float infinity() { return __int_as_float(0x7f800000); }
+  FS_DEV float quiet_NaN() { return __int_as_float(0x7fc00000); }
+  FS_DEV float lowest() { return -3.40282347e+38f; }
+  FS_DEV float max() { return 3.40282347e+38f; }
+};
+template <> struct fs_limits<double> {
+  FS_DEV double infinity() { return __longlong_as_double(0x7ff0000000000000LL); }
+  FS_DEV double quiet_NaN() { return __longlong_as_double(0x7ff8000000000000LL); }
+  FS_DEV double lowest() { return -1.7976931348623157e+308; }
+  FS_DEV double max() { return 1.7976931348623157e+308; }
+};
+template <> struct fs_limits<int32_t> {
+  FS_DEV int32_t lowest() { return -2147483647 - 1; }
+  FS_DEV int32_t max() { return 2147483647; }
+};
+template <> struct fs_limits<int64_t> {
+  FS_DEV int64_t lowest() { return -9223372036854775807LL - 1; }
+  FS_DEV int64_t max() { return 9223372036854775807LL; }
+};
+FS_DEV float fs_select(bool c, float a, float b) { return c ? a : b; }
+FS_DEV double fs_select(bool c, double a, double b) { return c ? a : b; }
+template <typename T> FS_DEV T fs_select(bool c, T a, T b) { return c ? a : b; }
+// The C++ target's formulas (printer.py, vecmath.py), on CUDA's libm.
+FS_DEV float fs_sigmoidf(float x) {
+  const float e = expf(-fabsf(x));
+  return x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+}
+FS_DEV double fs_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+FS_DEV float fs_softplusf(float x) {
+  const float th = -13.942385f, e = expf(x);
+  return x > -th ? x : (x < th ? e : log1pf(e));
+}
+FS_DEV double fs_softplus(double x) {
+  const double th = -34.04365338911715, e = exp(x);
+  return x > -th ? x : (x < th ? e : log1p(e));
+}
+FS_DEV float fs__fmod(float x, float y) { return fmodf(x, y); }
+FS_DEV double fs__fmod(double x, double y) { return fmod(x, y); }
+template <typename T> FS_DEV T fs_floor_mod(T x, T y) {
+  const T r = fs__fmod(x, y);
+  return fs_select(r != T(0) && ((y < T(0)) != (r < T(0))), r + y, r);
+}
+// ---- end of CUDA prelude ----
+"""
+
+# Accurate CUDA math functions only (no __expf-style intrinsics): their
+# errors are within a few ulps, the tolerance the numerics contract allows.
+CUDA = Target(
+    name="cuda",
+    prelude=_CUDA_PRELUDE,
+    export='extern "C" __global__',
+    simd_pragma="",
+    math={
+        **{fn: (f"{fn}f", fn) for fn in ("exp", "log", "log1p", "expm1", "tanh", "erf",
+                                         "erfc", "sin", "cos", "sqrt", "floor", "ceil",
+                                         "pow", "fabs")},
+        "sigmoid": ("fs_sigmoidf", "fs_sigmoid"), "softplus": ("fs_softplusf", "fs_softplus"),
+        "round": ("rintf", "rint"),  # half to even, as TensorFlow's Round
+    },
+    limits="fs_limits",
+    shared="__shared__ ",
+    barrier="__syncthreads();",
+    shuffle_xor="__shfl_xor_sync(0xffffffffu, {v}, {off})",
+)
+
+# NVRTC options every CUDA kernel is compiled with. --fmad=false keeps a*b+c
+# as two roundings, like the C++ target's -ffp-contract=off: a value computed
+# twice (a recomputed buffer) then has the same bits both times.
+NVRTC_OPTIONS = ("--std=c++17", "--fmad=false")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Barrier:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shuffle:
+    offset: int
+    exchanges: tuple   # ((tmp, reg, ctype), ...): tmp takes reg of lane ^ offset
+    combine: tuple     # statements that fold the tmps into the regs
+
+
+@dataclasses.dataclass(frozen=True)
+class _Guard:
+    cond: str          # false for every thread of a warp (block) past the last row
+
+
+class _GpuBody(printer._Printer):
+    """Prints one thread's code of a GpuPlan as parts between sync points."""
+
+    def __init__(self, plan: GpuPlan, target: Target):
+        super().__init__(plan.kernel, target)
+        self.m = plan.mapping
+        self.parts: list = []                 # list[str] (code) or a sync point
+        self.regs: Dict[str, str] = {}        # thread-scope value -> C type
+        self.reg_part: Dict[str, int] = {}    # thread-scope value -> part declaring it
+        self.shared: List[tuple] = []         # (name, C type, elements)
+        self.row_thread = "lane" if self.m.kind == "warp" else "tid"
+        self.build()
+
+    # -- bookkeeping -------------------------------------------------------
+    def reg(self, name: str, ctype: str) -> None:
+        self.regs[name] = ctype
+        self.reg_part[name] = len(self.parts)
+
+    def decl(self, ctype: str, name: str, value: str, const: bool = True) -> None:
+        self.emit(f"{'const ' if const else ''}{ctype} {name} = {value};", 0)
+        self.reg(name, ctype)
+
+    def sync(self, point) -> None:
+        self.parts.append(self.lines)
+        self.parts.append(point)
+        self.lines = []
+
+    # -- statements --------------------------------------------------------
+    def stmt(self, st, indent: int, in_loop: bool) -> None:
+        if isinstance(st, k.Store) and not in_loop:  # a row value: one thread writes it
+            self.emit(f"if ({self.row_thread} == 0) t{st.tensor}[{self.index(st.tensor, False)}]"
+                      f" = {self.store_value(st.src, st.dtype)};", indent)
+        elif isinstance(st, k.BufStore):
+            self.emit(f"{self.buf(st.pool, st.src)} = {st.src};", indent)
+        elif isinstance(st, k.BufLoad):
+            self.emit(f"const {COMPUTE[st.dtype]} {st.dst} = {self.buf(st.pool, st.src)};",
+                      indent)
+        else:
+            super().stmt(st, indent, in_loop)
+
+    def buf(self, pool: str, value: str) -> str:
+        """Shared-memory element of a buffered (per row) or hoisted (per block) value."""
+        if pool == "b" and self.m.rows_per_block > 1:
+            return f"{pool}_{value}[warp * {self.m.smem_cols} + cl]"
+        return f"{pool}_{value}[cl]"
+
+    def row_stmt(self, st) -> None:
+        self.stmt(st, 0, False)
+        if isinstance(st, (k.Load, k.Compute, k.Finish)):
+            self.reg(st.dst, COMPUTE[st.dtype])
+
+    # -- structure ---------------------------------------------------------
+    def build(self) -> None:
+        kr, m = self.k, self.m
+        self.declare_extents(0)
+        self.uniform, self.lines = self.lines, []
+        for h, dtype in kr.hoisted.items():
+            self.shared.append((f"h_{h}", COMPUTE[dtype], m.smem_cols))
+        for b, dtype in kr.buffers.items():
+            self.shared.append((f"b_{b}", COMPUTE[dtype], m.rows_per_block * m.smem_cols))
+        self.decl("int", "lane", "tid & 31")
+        self.decl("int", "warp", "tid >> 5")
+        if kr.prelude:  # hoisted values: every thread of the block shares the columns
+            self.emit("{", 0)
+            for i in range(len(kr.tensors)):
+                self.emit(f"const int64_t o{i} = 0;", 1)
+            self.col_loop(kr.prelude, [], 1, "0", "n_cols", "tid", m.block_threads)
+            self.emit("}", 0)
+            self.sync(_Barrier())
+        slot = "warp" if m.kind == "warp" else "0"
+        self.decl("int64_t", "item", f"begin + block * {m.rows_per_block} + {slot}")
+        self.sync(_Guard("item < end"))
+        self.decl("int64_t", "r", "item", const=False)
+        if kr.tiled and kr.col_groups:
+            self.emit("const int64_t tile = r % n_tiles; r /= n_tiles;", 0)
+            self.reg("tile", "int64_t")
+        for g in reversed(kr.row_groups):
+            self.emit(f"const int64_t i{g} = r % g{g}; r /= g{g};", 0)
+            self.reg(f"i{g}", "int64_t")
+        for i, tn in enumerate(kr.tensors):
+            terms = [f"i{g} * s{i}_{g}" for g in tn.groups if g in kr.row_groups]
+            self.decl("int64_t", f"o{i}", " + ".join(terms) or "0")
+        lo, hi = "0", "n_cols"
+        if kr.tiled and kr.col_groups:
+            self.decl("int64_t", "col_lo", f"tile * {TILE}")
+            self.decl("int64_t", "col_hi", f"n_cols - col_lo < {TILE} ? n_cols : col_lo + {TILE}")
+            lo, hi = "col_lo", "col_hi"
+        for seg in range(len(kr.segments)):
+            for st in kr.segments[seg]:
+                self.row_stmt(st)
+            if seg < len(kr.loops):
+                accs = kr.accumulators[seg]
+                for a in accs:
+                    self.init_acc(a, 0)
+                    self.reg(f"a_{a.acc}", self.acc_type(a.dtype, a.kind))
+                    if self.tracks_nan(a):
+                        self.reg(f"n_{a.acc}", "int")
+                self.col_loop(kr.loops[seg], accs, 0, lo, hi, self.row_thread,
+                              m.row_threads)
+                if accs:
+                    self.reduce(accs)
+        self.parts.append(self.lines)
+
+    @staticmethod
+    def tracks_nan(a: k.Accumulate) -> bool:
+        return a.kind in ("reduce_max", "reduce_min") and a.dtype in printer.ir.FLOAT_DTYPES
+
+    def col_loop(self, stmts, accs, indent, lo, hi, first, step) -> None:
+        """The thread's columns: lo + first, then every `step`-th below hi."""
+        e = self.emit
+        e(f"for (int64_t cl = {lo} + {first}; cl < {hi}; cl += {step}) {{", indent)
+        groups = self.k.col_groups
+        if len(groups) == 1:
+            e(f"const int64_t c{groups[0]} = cl;", indent + 1)
+        elif groups:  # cl is row-major over the column groups
+            e("int64_t q = cl;", indent + 1)
+            for g in reversed(groups[1:]):
+                e(f"const int64_t c{g} = q % g{g}; q /= g{g};", indent + 1)
+            e(f"const int64_t c{groups[0]} = q;", indent + 1)
+        self.body(stmts, accs, indent + 1)
+        e("}", indent)
+
+    def reduce(self, accs) -> None:
+        """Warp xor tree, then (block per row) partials per warp through shared
+        memory; afterwards every thread of the row holds the same result."""
+        vals = []
+        combine = []
+        for a in accs:
+            vals.append((f"a_{a.acc}", self.acc_type(a.dtype, a.kind)))
+            combine.append(_REDUCE[a.kind][1].format(a=f"a_{a.acc}", x="{a_%s}" % a.acc))
+            if self.tracks_nan(a):
+                vals.append((f"n_{a.acc}", "int"))
+                combine.append(f"n_{a.acc} |= {{n_{a.acc}}};")
+        off = 16
+        while off >= 1:
+            tmps = {name: f"x{off}_{name}" for name, _ in vals}
+            self.sync(_Shuffle(off, tuple((tmps[n], n, t) for n, t in vals),
+                               tuple(c.format(**tmps) for c in combine)))
+            off //= 2
+        warps = self.m.warps_per_row
+        if warps == 1:
+            return
+        for name, ctype in vals:
+            self.shared.append((f"p_{name}", ctype, warps))
+        self.emit("if (lane == 0) { " + " ".join(f"p_{n}[warp] = {n};" for n, _ in vals) + " }",
+                  0)
+        self.sync(_Barrier())
+        for name, _ in vals:
+            self.emit(f"{name} = p_{name}[0];", 0)
+        parts = {name: f"p_{name}[w]" for name, _ in vals}
+        self.emit(f"for (int w = 1; w < {warps}; ++w) {{ "
+                  + " ".join(c.format(**parts) for c in combine) + " }", 0)
+
+
+def print_cuda(plan: GpuPlan, n_ext: int) -> str:
+    """The CUDA kernel `fs_kernel` (docs/KERNEL_ABI.md, CUDA section)."""
+    b = _GpuBody(plan, CUDA)
+    kr, m = plan.kernel, plan.mapping
+    params = ["const int64_t begin", "const int64_t end"]
+    for i, tn in enumerate(kr.tensors):
+        params.append(f"{'' if tn.is_output else 'const '}{STORAGE[tn.dtype]}* t{i}")
+    params += [f"const int64_t ext{a}" for a in range(n_ext)]
+    out = [CUDA.prelude,
+           f"{CUDA.export} void __launch_bounds__({m.block_threads}) {KERNEL_NAME}("
+           + ", ".join(params) + ") {",
+           f"  const int64_t ext[{n_ext}] = {{" + ", ".join(f"ext{a}" for a in range(n_ext))
+           + "};"]
+    out += ["  " + line for line in b.uniform]
+    out += [f"  {CUDA.shared}{ctype} {name}[{count}];" for name, ctype, count in b.shared]
+    out += ["  const int tid = threadIdx.x;", "  const int64_t block = blockIdx.x;"]
+    for part in b.parts:
+        if isinstance(part, list):
+            out += ["  " + line for line in part]
+        elif isinstance(part, _Barrier):
+            out.append("  " + CUDA.barrier)
+        elif isinstance(part, _Guard):
+            out.append(f"  if (!({part.cond})) return;  // uniform per warp (per block)")
+        else:
+            out.append("  {")
+            for tmp, reg, ctype in part.exchanges:
+                shfl = CUDA.shuffle_xor.format(v=reg, off=part.offset)
+                out.append(f"    const {ctype} {tmp} = {shfl};")
+            out += ["    " + c for c in part.combine]
+            out.append("  }")
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+@dataclasses.dataclass
+class _Phase:
+    lines: list
+    declared: set
+    guarded: bool                  # threads past the last row skip it
+    snapshot: tuple = ()           # regs copied to S_ arrays before the phase
+
+
+def print_emulation(plan: GpuPlan) -> str:
+    """fs_run (docs/KERNEL_ABI.md): the CUDA kernel's blocks, threads as loops."""
+    b = _GpuBody(plan, printer.CPP)
+    kr, m = plan.kernel, plan.mapping
+    nt = m.block_threads
+    phases: List[_Phase] = [_Phase([], set(), False)]
+    guarded = False
+    for index, part in enumerate(b.parts):
+        if isinstance(part, list):
+            phases[-1].lines += part
+            phases[-1].declared |= {n for n, p in b.reg_part.items() if p == index}
+        elif isinstance(part, _Barrier):
+            phases.append(_Phase([], set(), guarded))
+        elif isinstance(part, _Guard):
+            phases[-1].lines += [f"const bool fs_active = {part.cond};",
+                                 "R_fs_active[tid] = fs_active;", "if (!fs_active) continue;"]
+            guarded = True
+        else:
+            lines = ["{"] + [f"  const {ct} {tmp} = S_{reg}[tid ^ {part.offset}];"
+                             for tmp, reg, ct in part.exchanges]
+            lines += ["  " + c for c in part.combine] + ["}"]
+            phases.append(_Phase(lines, set(), guarded,
+                                 tuple(reg for _, reg, _ in part.exchanges)))
+
+    def uses(phase: _Phase) -> set:
+        text = "\n".join(phase.lines)
+        found = {n for n in b.regs if re.search(r"\b%s\b" % re.escape(n), text)}
+        return found | set(phase.snapshot)
+
+    used = [uses(p) for p in phases]
+    crossing = set()
+    body = []
+    for i, phase in enumerate(phases):
+        later = set().union(*used[i + 1:]) if i + 1 < len(phases) else set()
+        restore = sorted(used[i] - phase.declared, key=list(b.regs).index)
+        save = sorted((used[i] | phase.declared) & later, key=list(b.regs).index)
+        crossing |= set(restore) | set(save)
+        for reg in phase.snapshot:
+            body.append(f"for (int t = 0; t < {nt}; ++t) S_{reg}[t] = R_{reg}[t];")
+        body.append(f"for (int tid = 0; tid < {nt}; ++tid) {{")
+        if phase.guarded:
+            body.append("  if (!R_fs_active[tid]) continue;")
+        body += [f"  {b.regs[n]} {n} = R_{n}[tid];" for n in restore]
+        body += ["  " + line for line in phase.lines]
+        body += [f"  R_{n}[tid] = {n};" for n in save]
+        body.append("}")
+    snap = sorted({r for p in phases for r in p.snapshot}, key=list(b.regs).index)
+
+    out = [f"{printer.CPP.export} void fs_run(int64_t begin, int64_t end, const int64_t* ext, "
+           "void* const* bufs) {"]
+    for i, tn in enumerate(kr.tensors):
+        st = STORAGE[tn.dtype]
+        const = "" if tn.is_output else "const "
+        out.append(f"  {const}{st}* t{i} = static_cast<{const}{st}*>(bufs[{i}]);")
+    out += ["  " + line for line in b.uniform]
+    out.append("  // One block's shared memory, then its threads' registers that cross phases.")
+    out += [f"  {ctype} {name}[{count}];" for name, ctype, count in b.shared]
+    out.append(f"  bool R_fs_active[{nt}] = {{}};")
+    out += [f"  {b.regs[n]} R_{n}[{nt}];" for n in b.regs if n in crossing]
+    out += [f"  {b.regs[n]} S_{n}[{nt}];" for n in snap]
+    out.append(f"  const int64_t n_blocks = end > begin ? (end - begin + {m.rows_per_block - 1})"
+               f" / {m.rows_per_block} : 0;")
+    out.append("  for (int64_t block = 0; block < n_blocks; ++block) {")
+    # Shared memory starts as NaN / -1 bytes in every block, as undefined as
+    # CUDA's: a read before the write that a barrier should order shows up.
+    out += [f"    std::memset({name}, 0xff, sizeof {name});" for name, _, _ in b.shared]
+    out += ["    " + line for line in body]
+    out += ["  }", "}"]
+    return "\n".join(out) + "\n"

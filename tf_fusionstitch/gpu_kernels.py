@@ -1,0 +1,53 @@
+"""The GPU target's build steps for one cluster, usable without a GPU (TF-free).
+
+- `build_emulation`: the CUDA kernel's schedule printed as a C++ block
+  function (codegen/gpu_printer.py) and compiled like a CPU kernel; run it
+  with `runtime.cpu_kernel.CpuKernel` to check the GPU index math, barriers
+  and shuffles against NumPy.
+- `compile_cuda`: the CUDA kernel compiled by NVRTC to PTX per architecture,
+  with ptxas' resource report (registers, shared memory, spills) where a
+  CUDA toolkit's ptxas is installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Dict, Optional, Sequence
+
+from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch.codegen.generate import (GeneratedCudaKernel, generate_cuda,
+                                              generate_gpu_emulation)
+from tf_fusionstitch.codegen.gpu_printer import NVRTC_OPTIONS
+from tf_fusionstitch.runtime import cpu_compiler, nvrtc
+
+DEFAULT_ARCHS = ("sm_80", "sm_90")
+
+
+def build_emulation(cluster: ir.Cluster, timeout: float = 120) -> pathlib.Path:
+    """Shared object (docs/KERNEL_ABI.md, CPU ABI) emulating the CUDA kernel."""
+    return cpu_compiler.compile_shared_object(generate_gpu_emulation(cluster).source,
+                                              timeout=timeout)
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaBuild:
+    arch: str
+    ptx: str
+    resources: Optional[nvrtc.KernelResources]   # None where ptxas is not installed
+
+
+def compile_cuda(cluster: ir.Cluster, archs: Sequence[str] = DEFAULT_ARCHS,
+                 assemble: bool = True) -> tuple:
+    """(GeneratedCudaKernel, {arch: CudaBuild}). Raises NvrtcUnavailable without
+    NVRTC, CudaCompileError when NVRTC or ptxas rejects the kernel."""
+    generated: GeneratedCudaKernel = generate_cuda(cluster)
+    builds: Dict[str, CudaBuild] = {}
+    for arch in archs:
+        ptx = nvrtc.compile_ptx(generated.source, arch, NVRTC_OPTIONS)
+        resources = None
+        if assemble and nvrtc.ptxas_path():
+            (resources,) = [r for r in nvrtc.ptxas_resources(ptx, arch)
+                            if r.kernel == "fs_kernel"]
+        builds[arch] = CudaBuild(arch, ptx, resources)
+    return generated, builds

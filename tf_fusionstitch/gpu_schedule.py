@@ -1,0 +1,122 @@
+"""GPU mapping of a schedule: which threads run a work item (row).
+
+`schedule.py` decides what a row computes and in which column loops; this
+module decides how a CUDA block runs it (AStitch's adaptive mapping):
+
+- *warp per row*: rows of at most `WARP_ROW_MAX_COLS` columns (known at
+  optimization time) get one warp each, `rows_per_block` rows per block. The
+  column loops stride over the 32 lanes; a reduction is a shuffle tree that
+  leaves the result in every lane (warp composition). No barrier is needed
+  after the hoisted prelude.
+- *block per row*: longer or run-time rows get a whole block. A reduction is a
+  shuffle tree per warp, then one partial per warp in shared memory, a
+  barrier, and every thread combines the partials in the same order (block
+  composition), so all threads hold the same result for the next loop.
+
+Values a later loop needs (schedule.buffered) live in shared memory when the
+row length is static and they fit; otherwise they are recomputed from the
+inputs (the paper's thread composition). Hoisted per-column values are
+computed once per block into shared memory under the same condition, else
+inline. Either fallback re-lowers the schedule, so the kernel IR says exactly
+what the kernel does. No TensorFlow import here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch.codegen import kernel_ir
+from tf_fusionstitch.schedule import ELEMENTWISE_TILE, Schedule, UnsupportedCluster
+
+WARP = 32
+# A warp-per-row reduction needs no barrier or shared memory; up to 32
+# elements per lane still keep enough loads in flight per warp. Longer rows
+# need more threads to hide memory latency.
+WARP_ROW_MAX_COLS = 1024
+BLOCK_THREADS = 256
+MAX_ROWS_PER_BLOCK = 8              # 8 warps: 256 threads, like block-per-row
+# Static __shared__ memory of one block is capped at 48 KiB; keep 4 KiB for
+# the per-warp reduction partials and headroom.
+SMEM_BUDGET = 44 * 1024
+
+# Bytes of a value in its compute type (codegen/printer.py COMPUTE).
+_COMPUTE_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuMapping:
+    kind: str                    # "warp" (one warp per row) or "block" (one block per row)
+    block_threads: int
+    rows_per_block: int
+    smem_cols: Optional[int]     # static columns a shared buffer holds (None: no buffers)
+
+    @property
+    def row_threads(self) -> int:
+        """Threads that share one row's column loops."""
+        return WARP if self.kind == "warp" else self.block_threads
+
+    @property
+    def warps_per_row(self) -> int:
+        return self.row_threads // WARP
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuPlan:
+    schedule: Schedule           # as lowered (buffers or hoisting may have been dropped)
+    kernel: kernel_ir.Kernel
+    mapping: GpuMapping
+    dropped: tuple               # why buffers/hoisting fell back, for reports
+
+
+def static_cols(s: Schedule) -> Optional[int]:
+    """Columns of a whole row, when every column axis is static."""
+    extents = [s.static_extent[a] for a in s.col_axes]
+    if any(e is None for e in extents):
+        return None
+    return math.prod(extents)
+
+
+def plan_gpu(s: Schedule) -> GpuPlan:
+    """Chooses the mapping and lowers the schedule for it."""
+    for name, t in s.cluster.types().items():
+        if t.dtype not in _COMPUTE_BYTES:
+            raise UnsupportedCluster(f"value {name} is {t.dtype}: the CUDA target does not "
+                                     "handle 16-bit floats yet")
+    cols = static_cols(s)
+    per_item = None if cols is None else (min(cols, ELEMENTWISE_TILE) if s.tiled else cols)
+    types = s.cluster.types()
+    dropped = []
+
+    hoisted_bytes = sum(_COMPUTE_BYTES[types[v].dtype] for v in s.hoisted) * (cols or 0)
+    # An empty row (0 columns) needs no buffer, and C++ has no arrays of size 0.
+    if s.hoisted and (not cols or hoisted_bytes > SMEM_BUDGET // 2):
+        dropped.append("hoisted values computed inline: the row length is "
+                       + _why(cols))
+        s = dataclasses.replace(s, hoisted=frozenset())
+        hoisted_bytes = 0
+    row_bytes = sum(_COMPUTE_BYTES[types[v].dtype] for v in s.buffered) * (cols or 0)
+
+    if per_item is not None and per_item <= WARP_ROW_MAX_COLS:
+        rows = MAX_ROWS_PER_BLOCK
+        # Fewer rows per block before giving up buffers: each row needs its own.
+        while rows > 1 and hoisted_bytes + rows * row_bytes > SMEM_BUDGET:
+            rows //= 2
+        mapping = GpuMapping("warp", rows * WARP, rows, cols)
+    else:
+        rows = 1
+        mapping = GpuMapping("block", BLOCK_THREADS, 1, cols)
+    if s.buffered and (not cols or hoisted_bytes + rows * row_bytes > SMEM_BUDGET):
+        dropped.append("buffered values recomputed: the row length is "
+                       + _why(cols))
+        s = dataclasses.replace(s, buffered=frozenset())
+    if not s.buffered and not s.hoisted:
+        mapping = dataclasses.replace(mapping, smem_cols=None)
+    return GpuPlan(s, kernel_ir.lower(s), mapping, tuple(dropped))
+
+
+
+def _why(cols: Optional[int]) -> str:
+    return {None: "dynamic", 0: "empty"}.get(cols, "too long for shared memory")
