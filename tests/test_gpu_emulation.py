@@ -25,24 +25,25 @@ PATTERNS = patterns.standard_patterns()
 ROWS = (0, 1, 5, 13, 37)
 
 
-def emulate(cluster, inputs, threads=3):
-    kernel = CpuKernel(gpu_kernels.build_emulation(cluster))
+def emulate(cluster, inputs, threads=3, reverse_threads=False):
+    kernel = CpuKernel(gpu_kernels.build_emulation(cluster, reverse_threads))
     return kernel.run(inputs, threads=threads, forward=True)
 
 
-def check_pattern(pattern, rows, seed):
+def check_pattern(pattern, rows, seed, reverse_threads=False):
     rng = np.random.default_rng(seed)
     inputs = pattern.make_inputs(rng, rows)
-    outputs = emulate(pattern.cluster, inputs)
+    outputs = emulate(pattern.cluster, inputs, reverse_threads=reverse_threads)
     for got, want in zip(outputs, pattern.reference(inputs)):
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=pattern.rtol, atol=pattern.atol)
 
 
+@pytest.mark.parametrize("reverse_threads", [False, True], ids=["ascending", "descending"])
 @pytest.mark.parametrize("name", sorted(PATTERNS))
-def test_standard_pattern_matches_numpy_for_odd_row_counts(name):
+def test_standard_pattern_matches_numpy_for_odd_row_counts(name, reverse_threads):
     for seed, rows in enumerate(ROWS):
-        check_pattern(PATTERNS[name], rows, seed)
+        check_pattern(PATTERNS[name], rows, seed, reverse_threads)
 
 
 def test_short_rows_take_a_warp_each_and_long_rows_a_block():
@@ -180,14 +181,18 @@ def _without(monkeypatch, drop):
     monkeypatch.setattr(gpu_printer._GpuBody, "sync", sync)
 
 
-def test_a_missing_barrier_gives_wrong_results(monkeypatch):
-    """Without the barrier, threads read other warps' partials before they
-    are written (the emulation's shared memory starts as NaN)."""
-    pat = PATTERNS["layernorm_4096"]
+@pytest.mark.parametrize("name", ["layernorm_4096", "bn_inference_relu_64"])
+@pytest.mark.parametrize("reverse_threads", [False, True], ids=["ascending", "descending"])
+def test_a_missing_barrier_gives_wrong_results(monkeypatch, name, reverse_threads):
+    """Without the barrier, a thread reads another warp's partial sum (or a
+    hoisted value) before it is written: the emulation's shared memory starts
+    as NaN. Both thread orders notice: each warp reads every warp's partial,
+    and warp-per-row reads hoisted columns that other warps computed."""
+    pat = PATTERNS[name]
     _without(monkeypatch, lambda p: isinstance(p, gpu_printer._Barrier))
-    inputs = pat.make_inputs(np.random.default_rng(5), 3)
-    y, _ = emulate(pat.cluster, inputs)
-    assert not np.allclose(y, pat.reference(inputs)[0], rtol=pat.rtol, atol=pat.atol)
+    inputs = pat.make_inputs(np.random.default_rng(5), 11)
+    out = emulate(pat.cluster, inputs, reverse_threads=reverse_threads)
+    assert not np.allclose(out[0], pat.reference(inputs)[0], rtol=pat.rtol, atol=pat.atol)
 
 
 def test_a_missing_shuffle_step_gives_wrong_results(monkeypatch):

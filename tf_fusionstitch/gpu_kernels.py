@@ -24,10 +24,12 @@ from tf_fusionstitch.runtime import cpu_compiler, nvrtc
 DEFAULT_ARCHS = ("sm_80", "sm_90")
 
 
-def build_emulation(cluster: ir.Cluster, timeout: float = 120) -> pathlib.Path:
-    """Shared object (docs/KERNEL_ABI.md, CPU ABI) emulating the CUDA kernel."""
-    return cpu_compiler.compile_shared_object(generate_gpu_emulation(cluster).source,
-                                              timeout=timeout)
+def build_emulation(cluster: ir.Cluster, reverse_threads: bool = False,
+                    timeout: float = 120) -> pathlib.Path:
+    """Shared object (docs/KERNEL_ABI.md, CPU ABI) emulating the CUDA kernel;
+    `reverse_threads` runs each phase's threads in descending order."""
+    source = generate_gpu_emulation(cluster, reverse_threads).source
+    return cpu_compiler.compile_shared_object(source, timeout=timeout)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,13 +52,16 @@ def generate_cuda(cluster: ir.Cluster) -> GeneratedCudaKernel:
                                _host_part(plan))
 
 
-def generate_gpu_emulation(cluster: ir.Cluster) -> GeneratedKernel:
+def generate_gpu_emulation(cluster: ir.Cluster, reverse_threads: bool = False
+                           ) -> GeneratedKernel:
     """The CUDA kernel's schedule as a C++ block function (CPU ABI of
-    docs/KERNEL_ABI.md): threads of a block run as loops per phase, so the
-    CPU runtime checks the GPU index math, barriers and shuffles."""
+    docs/KERNEL_ABI.md): threads of a block run as loops per phase (in
+    ascending or descending order), so the CPU runtime checks the GPU index
+    math, barriers and shuffles."""
     cluster.validate()
     plan = plan_gpu(build_schedule(cluster))
-    source = "\n".join([_host_part(plan), gpu_printer.print_emulation(plan), ""])
+    source = "\n".join([_host_part(plan), gpu_printer.print_emulation(plan, reverse_threads),
+                        ""])
     return GeneratedKernel(source, plan.schedule)
 
 

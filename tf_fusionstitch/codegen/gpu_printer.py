@@ -330,9 +330,16 @@ class _Phase:
     snapshot: tuple = ()           # regs copied to S_ arrays before the phase
 
 
-def print_emulation(plan: GpuPlan) -> str:
-    """fs_run (docs/KERNEL_ABI.md): the CUDA kernel's blocks, threads as loops."""
+def print_emulation(plan: GpuPlan, reverse_threads: bool = False) -> str:
+    """fs_run (docs/KERNEL_ABI.md): the CUDA kernel's blocks, threads as loops.
+
+    A phase runs its threads in one order, ascending or (`reverse_threads`)
+    descending: a read of another thread's shared-memory write that lacks a
+    barrier reads poison in at least one of the two orders."""
     b = _GpuBody(plan, printer.CPP)
+    tid_loop = (f"for (int tid = {plan.mapping.block_threads - 1}; tid >= 0; --tid) {{"
+                if reverse_threads else
+                f"for (int tid = 0; tid < {plan.mapping.block_threads}; ++tid) {{")
     kr, m = plan.kernel, plan.mapping
     nt = m.block_threads
     phases: List[_Phase] = [_Phase([], set(), False)]
@@ -369,7 +376,7 @@ def print_emulation(plan: GpuPlan) -> str:
         crossing |= set(restore) | set(save)
         for reg in phase.snapshot:
             body.append(f"for (int t = 0; t < {nt}; ++t) S_{reg}[t] = R_{reg}[t];")
-        body.append(f"for (int tid = 0; tid < {nt}; ++tid) {{")
+        body.append(tid_loop)
         if phase.guarded:
             body.append("  if (!R_fs_active[tid]) continue;")
         body += [f"  {b.regs[n]} {n} = R_{n}[tid];" for n in restore]
