@@ -29,8 +29,8 @@ _NARY = frozenset("""
 Add AddV2 Sub Mul RealDiv Div DivNoNan FloorDiv FloorMod Maximum Minimum Pow SquaredDifference
 Equal NotEqual Less LessEqual Greater GreaterEqual LogicalAnd LogicalOr ReluGrad Relu6Grad
 EluGrad SeluGrad SigmoidGrad TanhGrad RsqrtGrad SqrtGrad ReciprocalGrad SoftplusGrad
-LeakyReluGrad Select SelectV2 AddN MulNoNan Atan2 Xdivy Xlogy ClipByValue BiasAdd
-""".split()) - {"BiasAdd"}
+LeakyReluGrad Select SelectV2 AddN MulNoNan Atan2 Xdivy Xlogy ClipByValue
+""".split())
 
 # Ops linear in their inputs taken together, through which partial sums pass unreduced.
 # (Sums of partial sums are partial sums; a view of a partial sum is one.)
@@ -221,8 +221,7 @@ def axis_rule(op, ins, outs):
         return AxisRule(ties=ties, pass_partial=t in _PASS_PARTIAL or t == "ReadVariableOp")
     if t in _NARY:
         ties, whole = _broadcast_ties(ins, outs[0], range(len(ins)))
-        return AxisRule(ties=ties, whole=whole, additive=t in _ADDITIVE,
-                        pass_partial=False)
+        return AxisRule(ties=ties, whole=whole, additive=t in _ADDITIVE)
     if t == "BroadcastTo":
         ties, whole = _broadcast_ties(ins, outs[0], [0])
         return AxisRule(ties=ties, whole=whole)
@@ -305,7 +304,7 @@ def axis_rule(op, ins, outs):
         axis = r if axis == -1 else axis
         return AxisRule(ties=[((("i", 0), a), (("o", 0), a if a < axis else a + 1))
                               for a in range(r)])
-    if t in ("Fill",):
+    if t == "Fill":
         return AxisRule()
     if t in ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"):
         return AxisRule(ties=[((("i", 0), a), (("i", 1), a)) for a in range(ins[0].rank)
