@@ -247,6 +247,127 @@ def _fused_batch_norm(ctx):
     return [y]
 
 
+# -- gradients, in the arithmetic order of TF's CPU kernels (Eigen functors in
+# relu_op_functor.h and cwise_ops_gradients.h), so results round alike.
+
+def _float_grad(ctx):
+    """(gradient, other operand, output type); both operands have the output's
+    shape (TF does not broadcast these ops)."""
+    t = ctx.out_type(0)
+    if t.dtype not in ir.FLOAT_DTYPES:
+        raise NotFusible(f"{ctx.node.op} on {t.dtype}")
+    return t
+
+
+def _cmp(ctx, prim: str, x: str, value, t: ir.TensorType) -> str:
+    return ctx.emit(prim, [x, ctx.scalar(value, t.dtype)], ir.TensorType("bool", t.shape))
+
+
+def _mul_no_nan(ctx, a: str, b: str, t: ir.TensorType) -> str:
+    """Eigen's mul_no_nan: 0 where b == 0 (even if a is Inf or NaN), else a * b."""
+    zero = ctx.scalar(0, t.dtype)
+    return ctx.emit("select", [_cmp(ctx, "equal", b, 0, t), zero, ctx.emit("mul", [a, b], t)], t)
+
+
+def _relu_grad(ctx):        # gradients * cast(features > 0)
+    t = _float_grad(ctx)
+    g, x = ctx.input(0), ctx.input(1)
+    return [ctx.emit("mul", [g, ctx.emit("cast", [_cmp(ctx, "greater", x, 0, t)], t)], t)]
+
+
+def _relu6_grad(ctx):       # gradients * cast((features > 0) & (features < 6))
+    t = _float_grad(ctx)
+    g, x = ctx.input(0), ctx.input(1)
+    inside = ctx.emit("logical_and", [_cmp(ctx, "greater", x, 0, t), _cmp(ctx, "less", x, 6, t)],
+                      ir.TensorType("bool", t.shape))
+    return [ctx.emit("mul", [g, ctx.emit("cast", [inside], t)], t)]
+
+
+def _leaky_relu(ctx):       # features > 0 ? features : features * alpha
+    t = _float_grad(ctx)
+    x = ctx.input(0)
+    scaled = ctx.emit("mul", [x, ctx.scalar(float(ctx.attr("alpha", 0.2)), t.dtype)], t)
+    return [ctx.emit("select", [_cmp(ctx, "greater", x, 0, t), x, scaled], t)]
+
+
+def _leaky_relu_grad(ctx):  # features > 0 ? gradients : gradients * alpha
+    t = _float_grad(ctx)
+    g, x = ctx.input(0), ctx.input(1)
+    scaled = ctx.emit("mul", [g, ctx.scalar(float(ctx.attr("alpha", 0.2)), t.dtype)], t)
+    return [ctx.emit("select", [_cmp(ctx, "greater", x, 0, t), g, scaled], t)]
+
+
+def _elu_grad(ctx):         # activations < 0 ? (activations + 1) * gradients : gradients
+    t = _float_grad(ctx)
+    g, y = ctx.input(0), ctx.input(1)
+    inner = ctx.emit("mul", [ctx.emit("add", [y, ctx.scalar(1, t.dtype)], t), g], t)
+    return [ctx.emit("select", [_cmp(ctx, "less", y, 0, t), inner, g], t)]
+
+
+def _selu_grad(ctx):        # y < 0 ? gradients * (y + scale * alpha) : gradients * scale
+    t = _float_grad(ctx)
+    g, y = ctx.input(0), ctx.input(1)
+    scale, scale_alpha = 1.0507009873554804934193349852946, 1.7580993408473768599402175208123
+    neg = ctx.emit("mul", [g, ctx.emit("add", [y, ctx.scalar(scale_alpha, t.dtype)], t)], t)
+    pos = ctx.emit("mul", [g, ctx.scalar(scale, t.dtype)], t)
+    return [ctx.emit("select", [_cmp(ctx, "less", y, 0, t), neg, pos], t)]
+
+
+def _softplus_grad(ctx):    # gradients / (exp(-features) + 1)
+    t = _float_grad(ctx)
+    g, x = ctx.input(0), ctx.input(1)
+    e = ctx.emit("exp", [ctx.emit("neg", [x], t)], t)
+    return [ctx.emit("div", [g, ctx.emit("add", [e, ctx.scalar(1, t.dtype)], t)], t)]
+
+
+def _tanh_grad(ctx):        # dy * (1 - y * y); inputs are (y, dy)
+    t = _float_grad(ctx)
+    y, dy = ctx.input(0), ctx.input(1)
+    one_minus = ctx.emit("sub", [ctx.scalar(1, t.dtype), ctx.emit("mul", [y, y], t)], t)
+    return [ctx.emit("mul", [dy, one_minus], t)]
+
+
+def _sigmoid_grad(ctx):     # dy * (y * (1 - y))
+    t = _float_grad(ctx)
+    y, dy = ctx.input(0), ctx.input(1)
+    one_minus = ctx.emit("sub", [ctx.scalar(1, t.dtype), y], t)
+    return [ctx.emit("mul", [dy, ctx.emit("mul", [y, one_minus], t)], t)]
+
+
+def _sqrt_grad(ctx):        # mul_no_nan(0.5 / y, dy)
+    t = _float_grad(ctx)
+    y, dy = ctx.input(0), ctx.input(1)
+    half_over = ctx.emit("div", [ctx.scalar(0.5, t.dtype), y], t)
+    return [_mul_no_nan(ctx, half_over, dy, t)]
+
+
+def _rsqrt_grad(ctx):       # mul_no_nan(-0.5 * (y * y), mul_no_nan(y, dy))
+    t = _float_grad(ctx)
+    y, dy = ctx.input(0), ctx.input(1)
+    factor = ctx.emit("mul", [ctx.scalar(-0.5, t.dtype), ctx.emit("mul", [y, y], t)], t)
+    return [_mul_no_nan(ctx, factor, _mul_no_nan(ctx, y, dy, t), t)]
+
+
+def _reciprocal_grad(ctx):  # mul_no_nan(-(y * y), dy)
+    t = _float_grad(ctx)
+    y, dy = ctx.input(0), ctx.input(1)
+    return [_mul_no_nan(ctx, ctx.emit("neg", [ctx.emit("mul", [y, y], t)], t), dy, t)]
+
+
+def _bias_add_grad(ctx):
+    """Sum over every axis but the channel one (last for NHWC, 1 for NCHW)."""
+    g = ctx.input(0)
+    rank = ctx.type_of(g).rank
+    if rank < 2:
+        raise NotFusible("BiasAddGrad of rank < 2")
+    fmt = ctx.attr("data_format", "NHWC")
+    if fmt not in ("NHWC", "NCHW", ""):
+        raise NotFusible(f"data_format {fmt}")
+    channel = 1 if fmt == "NCHW" else rank - 1
+    axes = [a for a in range(rank) if a != channel]
+    return [ctx.emit("reduce_sum", [g], ctx.out_type(0), axes=axes, keep_dims=False)]
+
+
 def _identity(ctx):
     x = ctx.input(0)
     t = ctx.type_of(x)
@@ -297,6 +418,21 @@ OP_TABLE: Dict[str, OpRule] = {
     "FusedBatchNorm": OpRule(COMPOSITE, _fused_batch_norm),
     "FusedBatchNormV2": OpRule(COMPOSITE, _fused_batch_norm),
     "FusedBatchNormV3": OpRule(COMPOSITE, _fused_batch_norm),
+    "LeakyRelu": OpRule(COMPOSITE, _leaky_relu),
+    # Backward ops that training graphs are full of.
+    "ReluGrad": OpRule(COMPOSITE, _relu_grad),
+    "Relu6Grad": OpRule(COMPOSITE, _relu6_grad),
+    "LeakyReluGrad": OpRule(COMPOSITE, _leaky_relu_grad),
+    "EluGrad": OpRule(COMPOSITE, _elu_grad),
+    "SeluGrad": OpRule(COMPOSITE, _selu_grad),
+    "SoftplusGrad": OpRule(COMPOSITE, _softplus_grad),
+    "TanhGrad": OpRule(COMPOSITE, _tanh_grad),
+    "SigmoidGrad": OpRule(COMPOSITE, _sigmoid_grad),
+    "SqrtGrad": OpRule(COMPOSITE, _sqrt_grad),
+    "RsqrtGrad": OpRule(COMPOSITE, _rsqrt_grad),
+    "ReciprocalGrad": OpRule(COMPOSITE, _reciprocal_grad),
+    "InvGrad": OpRule(COMPOSITE, _reciprocal_grad),
+    "BiasAddGrad": OpRule(REDUCTION, _bias_add_grad),
     "Identity": OpRule(SHAPE, _identity),
     # Forward-only graphs: StopGradient is Identity (Keras LayerNormalization
     # puts one between the mean and the variance).

@@ -251,6 +251,100 @@ _add_op_tests(UNARY, "_unary_alone", "_unary_chain")
 _add_op_tests(BINARY, "_binary_alone", "_binary_chain")
 
 
+# Backward ops: op type -> (callable on (gradient-like, operand), operand
+# domain). TF does not broadcast them; each lowers to several primitives in the
+# arithmetic order of TF's kernel, so one op is compared as one op.
+GRADIENTS = {
+    "ReluGrad": (lambda g, x: raw.ReluGrad(gradients=g, features=x), "normal"),
+    "Relu6Grad": (lambda g, x: raw.Relu6Grad(gradients=g, features=x * 4), "normal"),
+    "LeakyReluGrad": (lambda g, x: raw.LeakyReluGrad(gradients=g, features=x, alpha=0.3),
+                      "normal"),
+    "EluGrad": (lambda g, y: raw.EluGrad(gradients=g, outputs=y), "normal"),
+    "SeluGrad": (lambda g, y: raw.SeluGrad(gradients=g, outputs=y), "normal"),
+    "SoftplusGrad": (lambda g, x: raw.SoftplusGrad(gradients=g, features=x), "normal"),
+    "TanhGrad": (lambda dy, y: raw.TanhGrad(y=y, dy=dy), "small"),
+    "SigmoidGrad": (lambda dy, y: raw.SigmoidGrad(y=y, dy=dy), "unit"),
+    "SqrtGrad": (lambda dy, y: raw.SqrtGrad(y=y, dy=dy), "positive"),
+    "RsqrtGrad": (lambda dy, y: raw.RsqrtGrad(y=y, dy=dy), "positive"),
+    "ReciprocalGrad": (lambda dy, y: raw.ReciprocalGrad(y=y, dy=dy), "nonzero"),
+    "LeakyRelu": (lambda g, x: raw.LeakyRelu(features=x * g, alpha=0.3), "normal"),
+}
+_GRAD_SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -2.0, 3.0])
+
+
+class OptimizeGradientOpsTest(tf.test.TestCase):
+    """Backward ops alone (every float dtype, zeros/Inf/NaN in both operands)
+    and as autodiff emits them in a training step."""
+
+    def _alone(self, op_type, seed):
+        fn, domain = GRADIENTS[op_type]
+        gen = rng(seed)
+        args = []
+        for d in FLOATS:
+            g = to_numpy(random(gen, SHAPE, "float64", "normal")).astype(np.float64)
+            x = to_numpy(random(gen, SHAPE, "float64", domain)).astype(np.float64)
+            # special values in the first row of each operand, crossed
+            g[0, 0, :] = _GRAD_SPECIAL[:C]
+            x[0, 1, :] = _GRAD_SPECIAL[:C]
+            g[0, 1, :] = 0.0
+            args += [tf.cast(tf.constant(g), d), tf.cast(tf.constant(x), d)]
+        f = tf.function(lambda *gx: [fn(gx[i], gx[i + 1]) for i in range(0, len(gx), 2)])
+        opt, expected, actual = optimize_and_run(f, *args)
+        self.assertLen(fused_clusters_with(opt, op_type), len(FLOATS), str(opt.report()))
+        kind = "transcendental" if op_type == "SoftplusGrad" else "op"
+        for d, a, e in zip(FLOATS, actual, expected):
+            an, en = to_numpy(a), to_numpy(e)
+            np.testing.assert_array_equal(np.isnan(an), np.isnan(en), err_msg=f"NaN {op_type} {d}")
+            exact = ~np.isnan(en) & (np.isinf(en) | (en == 0))
+            np.testing.assert_array_equal(an[exact], en[exact], err_msg=f"{op_type} {d}")
+            nan = tf.math.is_nan(e)  # same places in both (checked above)
+            assert_same(self, tf.where(nan, tf.zeros_like(a), a), tf.where(nan, tf.zeros_like(e), e),
+                        kind if d in ("float32", "float64") else "chain", msg=f"{op_type} {d}")
+
+    def test_training_step_backward_ops_fuse_and_match(self):
+        """A dense net with relu, elu, selu, tanh, sigmoid, softplus and a
+        biased layer: its gradients come from the backward ops above and
+        BiasAddGrad; one fused training step equals TF's."""
+        gen = rng(4321)
+        w = [tf.Variable(random(gen, (16, 16), "float32", "small") / 4) for _ in range(6)]
+        b = tf.Variable(random(gen, (16,), "float32", "small"))
+        acts = [tf.nn.relu, tf.nn.elu, tf.nn.selu, tf.tanh, tf.sigmoid, tf.nn.softplus]
+
+        @tf.function
+        def step(x):
+            with tf.GradientTape() as tape:
+                h = tf.nn.bias_add(x, b)
+                for wi, act in zip(w, acts):
+                    h = act(tf.matmul(h, wi))
+                loss = tf.reduce_sum(tf.nn.relu6(h * 3.0))
+            return [loss] + tape.gradient(loss, w + [b])
+
+        x = random(gen, (32, 16), "float32", "normal")
+        opt, expected, actual = optimize_and_run(step, x)
+        fused = {op for c in opt.report().fused_clusters for _, op in c.tf_ops}
+        # (TF differentiates softplus as dy * sigmoid(x), not with SoftplusGrad)
+        for op_type in ("ReluGrad", "EluGrad", "SeluGrad", "TanhGrad", "SigmoidGrad",
+                        "Relu6Grad", "BiasAddGrad"):
+            self.assertIn(op_type, fused, str(opt.report()))
+        for a, e in zip(actual, expected):
+            assert_same(self, a, e, "transcendental")
+
+    def test_bias_add_grad_nchw_and_nhwc(self):
+        gen = rng(77)
+        g4 = random(gen, (2, 3, 5, 4), "float32")
+        f = tf.function(lambda g: [raw.BiasAddGrad(out_backprop=g, data_format="NHWC"),
+                                   raw.BiasAddGrad(out_backprop=g, data_format="NCHW")])
+        opt, expected, actual = optimize_and_run(f, g4)
+        self.assertLen(fused_clusters_with(opt, "BiasAddGrad"), 2, str(opt.report()))
+        for a, e, axes in zip(actual, expected, [(0, 1, 2), (0, 2, 3)]):
+            assert_reduction_close(self, a, e, g4, axes, "sum", False, msg=f"BiasAddGrad {axes}")
+
+
+for _i, _op in enumerate(GRADIENTS):
+    setattr(OptimizeGradientOpsTest, f"test_{_op}_alone",
+            lambda self, op=_op, s=_i: self._alone(op, 3000 + s))
+
+
 # Cast: (source, destination) pairs; each pair is its own cluster.
 CASTS = [
     ("float32", "int32"), ("float32", "int64"), ("float32", "bool"), ("float32", "float16"),
@@ -784,7 +878,8 @@ class OptimizeSpecialValuesTest(tf.test.TestCase):
 class OpTableCoverageTest(tf.test.TestCase):
 
     def test_every_table_op_has_a_test(self):
-        covered = set(UNARY) | set(BINARY) | set(REDUCTIONS) | {
+        covered = set(UNARY) | set(BINARY) | set(REDUCTIONS) | set(GRADIENTS) | {
+            "BiasAddGrad", "InvGrad",
             "Cast", "Select", "SelectV2", "BiasAdd", "Softmax", "LogSoftmax",
             "FusedBatchNormV3", "Identity", "Reshape", "ExpandDims", "Squeeze", "BroadcastTo",
             "StopGradient"}
