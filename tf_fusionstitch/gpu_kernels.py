@@ -7,6 +7,8 @@
 - `compile_cuda`: the CUDA kernel compiled by NVRTC to PTX per architecture,
   with ptxas' resource report (registers, shared memory, spills) where a
   CUDA toolkit's ptxas is installed.
+- `host_shape` / `load_cuda`: the kernel's host side (fs_shape, compiled for
+  the CPU) and the kernel loaded on a GPU with CuPy.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tf_fusionstitch.codegen.generate import (GeneratedCudaKernel, generate_cuda
                                               generate_gpu_emulation)
 from tf_fusionstitch.codegen.gpu_printer import NVRTC_OPTIONS
 from tf_fusionstitch.runtime import cpu_compiler, nvrtc
+from tf_fusionstitch.runtime.cuda_kernel import CudaKernel, HostShape
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
 
@@ -53,3 +56,23 @@ def compile_cuda(cluster: ir.Cluster, archs: Sequence[str] = DEFAULT_ARCHS,
                             if r.kernel == "fs_kernel"]
         builds[arch] = CudaBuild(arch, ptx, resources)
     return generated, builds
+
+
+def host_shape(generated: GeneratedCudaKernel, timeout: float = 120) -> HostShape:
+    """The kernel's fs_shape, compiled for the host."""
+    path = cpu_compiler.compile_shared_object(generated.host_source, timeout=timeout)
+    c = generated.plan.schedule.cluster
+    types = c.types()
+    return HostShape(path, [t.rank for _, t in c.inputs], [types[o].rank for o in c.outputs],
+                     generated.n_ext)
+
+
+def load_cuda(cluster: ir.Cluster) -> CudaKernel:
+    """The cluster's CUDA kernel on the current GPU (needs CuPy and a GPU)."""
+    generated = generate_cuda(cluster)
+    c = generated.plan.schedule.cluster
+    types = c.types()
+    m = generated.plan.mapping
+    return CudaKernel(generated.source, host_shape(generated), [t.dtype for _, t in c.inputs],
+                      [types[o].dtype for o in c.outputs], m.block_threads, m.rows_per_block,
+                      NVRTC_OPTIONS)
