@@ -1,0 +1,28 @@
+"""The cuda_check tool: its table, and its exit status when a check fails."""
+
+import subprocess
+import sys
+
+from tf_fusionstitch import patterns
+
+
+def run_tool(tmp_path, *flags):
+    spec = tmp_path / "softmax_70.json"
+    spec.write_text(patterns.softmax(70).cluster.to_json())
+    return subprocess.run([sys.executable, "-m", "tf_fusionstitch.tools.cuda_check",
+                           "--nopatterns", f"--clusters={spec}", "--arch=sm_90",
+                           "--rows=0,1,9", *flags], capture_output=True, text=True, timeout=600)
+
+
+def test_spec_file_is_compiled_emulated_and_tabulated(tmp_path):
+    res = run_tool(tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (line,) = [l for l in res.stdout.splitlines() if l.startswith("softmax_70")]
+    assert "warp x8" in line and line.endswith("yes")
+
+
+def test_errors_beyond_tolerance_fail_the_run(tmp_path):
+    """The emulated GPU reduction adds in another order than the CPU kernel:
+    with no tolerance at all, the tool must report the difference."""
+    res = run_tool(tmp_path, "--rtol=0", "--atol=0")
+    assert res.returncode == 1 and "FAILED: errors beyond tolerance" in res.stdout, res.stdout
