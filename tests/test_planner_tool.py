@@ -1,36 +1,20 @@
 """`python -m tf_fusionstitch.tools.plan`: reference models, SavedModels, errors."""
 
-import io
 import json
 import os
 import subprocess
 import sys
 import tempfile
-from contextlib import redirect_stdout
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from absl import app
 import tensorflow as tf
 
 from tf_fusionstitch import planner
 from tf_fusionstitch.tools import plan as tool
 
 
-def _run_in_process(*args):
-    tool.FLAGS.unparse_flags()
-    tool.FLAGS(["plan"] + list(args))
-    out = io.StringIO()
-    with redirect_stdout(out):
-        tool.main(["plan"])
-    return out.getvalue()
-
-
 class PlanToolTest(tf.test.TestCase):
-
-    def tearDown(self):
-        tool.FLAGS.unparse_flags()
-        super().tearDown()
 
     def test_reference_model_from_the_command_line(self):
         out = os.path.join(self.get_temp_dir(), "plan.json")
@@ -61,21 +45,28 @@ class PlanToolTest(tf.test.TestCase):
         path = tempfile.mkdtemp(dir=self.get_temp_dir())
         tf.saved_model.save(Mlp(), path)
         out = os.path.join(self.get_temp_dir(), "saved.json")
-        text = _run_in_process(f"--model={path}", "--batch=128", "--cluster=2xA100",
-                               "--strategy=data", "--search=exhaustive", f"--out={out}")
+        text, _ = tool.run(path, batch=128, cluster="2xA100", strategy="data",
+                           search="exhaustive", out=out)
         self.assertIn("2 replicas", text)
         with open(out) as f:
             data = json.load(f)
         self.assertEqual(sorted(data["variable_splits"]), ["w1:0", "w2:0"])
         self.assertEqual(data["replicas"], 2)
 
-    def test_errors_are_usage_errors(self):
-        with self.assertRaisesRegex(app.UsageError, "neither a reference model"):
-            _run_in_process("--model=no_such_model")
-        with self.assertRaisesRegex(app.UsageError, "takes no seq"):
-            _run_in_process("--model=mlp", "--seq=4")
-        with self.assertRaisesRegex(app.UsageError, "cannot parse cluster"):
-            _run_in_process("--model=mlp", "--cluster=many")
+    def test_errors(self):
+        with self.assertRaisesRegex(ValueError, "neither a reference model"):
+            tool.run("no_such_model")
+        with self.assertRaisesRegex(ValueError, "takes no seq"):
+            tool.run("mlp", seq=4)
+        with self.assertRaisesRegex(ValueError, "cannot parse cluster"):
+            tool.run("mlp", cluster="many")
+        with self.assertRaisesRegex(ValueError, "unknown size"):
+            tool.run("mlp", width=3)
+        result = subprocess.run([sys.executable, "-m", "tf_fusionstitch.tools.plan",
+                                 "--model=mlp", "--strategy=sideways"],
+                                capture_output=True, text=True, timeout=300)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("strategy", result.stderr)
 
 
 if __name__ == "__main__":

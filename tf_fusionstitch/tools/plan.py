@@ -19,68 +19,87 @@ from absl import app
 from absl import flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model", "transformer_block",
-                    "A reference model (mlp, transformer_block, bert, bert_base, bert_large) or "
-                    "the path of a SavedModel.")
-flags.DEFINE_string("cluster", "8xH200", "A preset (8xV100, 8xA100, 8xH200, 4x8xH200, "
-                    "cpu-localhost), 'NxDEVICE', 'MxNxDEVICE' or a JSON object.")
-flags.DEFINE_enum("strategy", "auto", ["auto", "data", "operator", "pipeline"],
-                  "Which parallelism to search: one kind over all devices, or every product.")
-flags.DEFINE_enum("search", "greedy", ["exhaustive", "dp", "greedy", "random"],
-                  "Search method.")
-flags.DEFINE_integer("budget", None, "Cost-model calls the search may use (default per "
-                     "method).")
-flags.DEFINE_integer("seed", 0, "Seed of the random search.")
-flags.DEFINE_enum("schedule", "1f1b", ["1f1b", "gpipe"], "Pipeline schedule.")
-flags.DEFINE_string("out", None, "Write the plan's JSON here.")
-flags.DEFINE_integer("batch", None, "Global batch size (reference models; for a SavedModel, "
-                     "the extent given to unknown dimensions).")
-flags.DEFINE_integer("seq", None, "Sequence length (transformer and BERT models).")
-flags.DEFINE_integer("hidden", None, "Hidden size (transformer and BERT models).")
-flags.DEFINE_integer("heads", None, "Attention heads (transformer and BERT models).")
-flags.DEFINE_integer("ffn", None, "Feed-forward size (transformer and BERT models).")
-flags.DEFINE_integer("layers", None, "Layers (transformer and BERT models).")
-flags.DEFINE_string("function", None, "SavedModel: the attribute holding the tf.function to "
-                    "plan (e.g. train_step); default: the first signature.")
+_SIZES = ("batch", "seq", "hidden", "heads", "ffn", "layers")
 
 
-def _load_graph():
+def _define_flags():
+    # Only when run as a program: other tools define flags of the same names (--batch,
+    # --seed) in absl's global registry, and tests import this module next to them.
+    flags.DEFINE_string("model", "transformer_block",
+                        "A reference model (mlp, transformer_block, bert, bert_base, "
+                        "bert_large) or the path of a SavedModel.")
+    flags.DEFINE_string("cluster", "8xH200", "A preset (8xV100, 8xA100, 8xH200, 4x8xH200, "
+                        "cpu-localhost), 'NxDEVICE', 'MxNxDEVICE' or a JSON object.")
+    flags.DEFINE_enum("strategy", "auto", ["auto", "data", "operator", "pipeline"],
+                      "Which parallelism to search: one kind over all devices, or every "
+                      "product.")
+    flags.DEFINE_enum("search", "greedy", ["exhaustive", "dp", "greedy", "random"],
+                      "Search method.")
+    flags.DEFINE_integer("budget", None, "Cost-model calls the search may use (default per "
+                         "method).")
+    flags.DEFINE_integer("seed", 0, "Seed of the random search.")
+    flags.DEFINE_enum("schedule", "1f1b", ["1f1b", "gpipe"], "Pipeline schedule.")
+    flags.DEFINE_string("out", None, "Write the plan's JSON here.")
+    flags.DEFINE_integer("batch", None, "Global batch size (reference models; for a "
+                         "SavedModel, the extent given to unknown dimensions).")
+    flags.DEFINE_integer("seq", None, "Sequence length (transformer and BERT models).")
+    flags.DEFINE_integer("hidden", None, "Hidden size (transformer and BERT models).")
+    flags.DEFINE_integer("heads", None, "Attention heads (transformer and BERT models).")
+    flags.DEFINE_integer("ffn", None, "Feed-forward size (transformer and BERT models).")
+    flags.DEFINE_integer("layers", None, "Layers (transformer and BERT models).")
+    flags.DEFINE_string("function", None, "SavedModel: the tf.function attribute to plan "
+                        "(default __call__).")
+
+
+def _load_graph(model, sizes, function=None):
     from tf_fusionstitch.planner import reference_models
-    if FLAGS.model in reference_models.MODELS:
-        sizes = {k: getattr(FLAGS, k) for k in ("batch", "seq", "hidden", "heads", "ffn",
-                                                "layers")}
-        known = reference_models.DEFAULT_SIZES[FLAGS.model]
+    if model in reference_models.MODELS:
+        known = reference_models.DEFAULT_SIZES[model]
         unused = [k for k, v in sizes.items() if v is not None and k not in known]
         if unused:
-            raise app.UsageError(f"--model={FLAGS.model} takes no {', '.join(unused)}")
-        sizes = {k: v for k, v in sizes.items() if k in known}
-        return reference_models.build_graph_ir(FLAGS.model, **sizes)
-    if not os.path.isdir(FLAGS.model):
-        raise app.UsageError(f"--model={FLAGS.model!r} is neither a reference model "
-                             f"({', '.join(reference_models.MODELS)}) nor a SavedModel "
-                             "directory")
+            raise ValueError(f"--model={model} takes no {', '.join(unused)}")
+        return reference_models.build_graph_ir(
+            model, **{k: v for k, v in sizes.items() if k in known})
+    if not os.path.isdir(model):
+        raise ValueError(f"--model={model!r} is neither a reference model "
+                         f"({', '.join(reference_models.MODELS)}) nor a SavedModel directory")
     from tf_fusionstitch.planner import graph_import
-    return graph_import.from_saved_model(FLAGS.model, FLAGS.function, FLAGS.batch)
+    return graph_import.from_saved_model(model, function, sizes.get("batch"))
+
+
+def run(model, cluster="8xH200", strategy="auto", search="greedy", budget=None, seed=0,
+        schedule="1f1b", out=None, function=None, **sizes):
+    """Plans `model` and returns (the printed report, the Plan); writes JSON to `out`.
+
+    Raises ValueError with the reason for bad arguments.
+    """
+    from tf_fusionstitch import planner
+    unknown = set(sizes) - set(_SIZES)
+    if unknown:
+        raise ValueError(f"unknown size(s) {sorted(unknown)}; sizes are {', '.join(_SIZES)}")
+    spec = planner.get_cluster(cluster)
+    graph = _load_graph(model, sizes, function)
+    plan = planner.search_graph(graph, spec, strategy, search, budget, seed, schedule)
+    lines = [graph.summary(), str(plan)]
+    if out:
+        with open(out, "w") as f:
+            f.write(plan.to_json())
+        lines.append(f"wrote {out}")
+    return "\n".join(lines), plan
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from tf_fusionstitch import planner
     try:
-        cluster = planner.get_cluster(FLAGS.cluster)
-        graph = _load_graph()
-        print(graph.summary())
-        plan = planner.search_graph(graph, cluster, FLAGS.strategy, FLAGS.search,
-                                    FLAGS.budget, FLAGS.seed, FLAGS.schedule)
+        text, _ = run(FLAGS.model, FLAGS.cluster, FLAGS.strategy, FLAGS.search, FLAGS.budget,
+                      FLAGS.seed, FLAGS.schedule, FLAGS.out, FLAGS.function,
+                      **{k: getattr(FLAGS, k) for k in _SIZES})
     except ValueError as e:
         raise app.UsageError(str(e)) from None
-    print(plan)
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            f.write(plan.to_json())
-        print(f"wrote {FLAGS.out}")
+    print(text)
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)
