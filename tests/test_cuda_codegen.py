@@ -12,6 +12,7 @@ Correctness of the same schedule is tests/test_gpu_emulation.py. TF-free.
 import subprocess
 import sys
 
+import gpu_edge_clusters as edge
 import pytest
 
 from tf_fusionstitch import gpu_kernels, patterns
@@ -52,6 +53,18 @@ def test_standard_pattern_compiles_for_arch_without_spills(name, arch):
     assert 0 < res.registers <= MAX_REGISTERS, res
     assert res.shared_bytes == planned_shared_bytes(generated.plan) <= 48 * 1024, res
     assert f".target {arch}" in builds[arch].ptx
+
+
+@needs_nvrtc
+@needs_ptxas
+@pytest.mark.parametrize("name", sorted(edge.EDGE_CLUSTERS))
+def test_edge_clusters_compile_for_sm90_without_spills(name):
+    """float64 and int64 shuffles, bool reductions, column splits, recompute."""
+    generated, builds = gpu_kernels.compile_cuda(edge.EDGE_CLUSTERS[name], ("sm_90",))
+    res = builds["sm_90"].resources
+    assert (res.spill_stores, res.spill_loads, res.stack_bytes) == (0, 0, 0), res
+    assert 0 < res.registers <= MAX_REGISTERS, res
+    assert res.shared_bytes == planned_shared_bytes(generated.plan), res
 
 
 def test_warp_per_row_needs_no_block_barrier_and_block_per_row_one_per_reduction_loop():

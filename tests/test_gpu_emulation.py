@@ -9,6 +9,7 @@ threads as the ABI allows. They also check that the emulation would notice
 a missing barrier or shuffle step. TF-free; needs only g++.
 """
 
+import gpu_edge_clusters as edge
 import numpy as np
 import pytest
 
@@ -60,16 +61,6 @@ def test_softmax_keeps_exponentials_in_shared_memory_when_they_fit():
     assert "__shared__ float b_v_e[3000];" in source
 
 
-def _softmax(shape, dtype="float32"):
-    kept = shape[:-1] + (1,)
-    return ir.Cluster((("x", T(dtype, shape)),), (
-        op("m", "reduce_max", ["x"], T(dtype, kept), axes=[-1], keep_dims=True),
-        op("d", "sub", ["x", "m"], T(dtype, shape)),
-        op("e", "exp", ["d"], T(dtype, shape)),
-        op("z", "reduce_sum", ["e"], T(dtype, kept), axes=[-1], keep_dims=True),
-        op("y", "div", ["e", "z"], T(dtype, shape))), ("y",))
-
-
 def _np_softmax(x):
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
@@ -77,7 +68,7 @@ def _np_softmax(x):
 
 @pytest.mark.parametrize("rows,width", [(9, 2000), (3, 1), (17, 33), (2, 0)])
 def test_dynamic_row_length_recomputes_instead_of_buffering(rows, width):
-    c = _softmax((N, N))
+    c = edge.softmax((N, N))
     plan = plan_gpu(build_schedule(c))
     assert plan.mapping.kind == "block" and not plan.kernel.buffers
     assert any("recomputed" in why for why in plan.dropped)
@@ -89,11 +80,11 @@ def test_dynamic_row_length_recomputes_instead_of_buffering(rows, width):
 
 
 def test_one_column_rows_and_nan_rows():
-    c = _softmax((N, 1))
+    c = edge.softmax((N, 1))
     x = np.random.default_rng(0).standard_normal((11, 1)).astype(np.float32)
     (y,) = emulate(c, [x])
     np.testing.assert_array_equal(y, np.ones_like(x))
-    c = _softmax((N, 70))
+    c = edge.softmax((N, 70))
     x = np.random.default_rng(1).standard_normal((10, 70)).astype(np.float32)
     x[3, 69] = np.nan  # the NaN flag must cross lanes: it sits in lane 5 only
     (y,) = emulate(c, [x])
@@ -102,15 +93,19 @@ def test_one_column_rows_and_nan_rows():
                                atol=1e-7)
 
 
+def test_float64_softmax_buffers_doubles_in_shared_memory():
+    c = edge.softmax((N, 2000), "float64")
+    plan = plan_gpu(build_schedule(c))
+    assert plan.mapping.kind == "block" and plan.kernel.buffers == {"v_e": "float64"}
+    x = np.random.default_rng(7).standard_normal((6, 2000)) * 10
+    (y,) = emulate(c, [x])
+    np.testing.assert_allclose(y, _np_softmax(x), rtol=1e-13, atol=1e-300)
+
+
 def test_reduction_over_two_column_groups_in_float64():
     """Columns (axes 0 and 2) are one linear index that each thread splits
     back into its two coordinates; float64 accumulators take the shuffles."""
-    c = ir.Cluster((("x", T("float64", (4, N, 300))),), (
-        op("mx", "reduce_max", ["x"], T("float64", (1, N, 1)), axes=[0, 2], keep_dims=True),
-        op("d", "sub", ["x", "mx"], T("float64", (4, N, 300))),
-        op("sq", "mul", ["d", "d"], T("float64", (4, N, 300))),
-        op("ss", "reduce_sum", ["sq"], T("float64", (1, N, 1)), axes=[0, 2], keep_dims=True),
-        op("y", "mul", ["d", "ss"], T("float64", (4, N, 300)))), ("y", "ss"))
+    c = edge.two_column_groups_f64()
     assert plan_gpu(build_schedule(c)).mapping.kind == "block"  # 1200 columns
     x = np.random.default_rng(2).standard_normal((4, 7, 300))
     y, ss = emulate(c, [x])
@@ -120,14 +115,7 @@ def test_reduction_over_two_column_groups_in_float64():
 
 
 def test_integer_and_boolean_reductions_are_exact_across_lanes():
-    c = ir.Cluster((("x", T("int32", (N, 45))),), (
-        op("mean", "reduce_mean", ["x"], T("int32", (N,)), axes=[1], keep_dims=False),
-        op("mn", "reduce_min", ["x"], T("int32", (N,)), axes=[1], keep_dims=False),
-        op("z", "const", [], T("int32", ()), value=0),
-        op("pos", "greater", ["x", "z"], T("bool", (N, 45))),
-        op("all", "reduce_all", ["pos"], T("bool", (N,)), axes=[1], keep_dims=False),
-        op("any", "reduce_any", ["pos"], T("bool", (N,)), axes=[1], keep_dims=False)),
-        ("mean", "mn", "all", "any"))
+    c = edge.int_bool_reductions(45)
     x = np.random.default_rng(3).integers(-2**31, 2**31 - 1, (12, 45)).astype(np.int32)
     x[0] = np.abs(x[0] // 2) + 1
     x[1] = -np.abs(x[1] // 2) - 1
@@ -141,9 +129,7 @@ def test_integer_and_boolean_reductions_are_exact_across_lanes():
 def test_elementwise_rows_longer_than_a_tile_split_into_items():
     """Without reductions a row of 10000 columns is three 4096-column items;
     each item is a block, its threads striding over the item's columns."""
-    c = ir.Cluster((("a", T("float32", (N, 10000))), ("b", T("float32", (10000,)))), (
-        op("p", "mul", ["a", "b"], T("float32", (N, 10000))),
-        op("t", "tanh", ["p"], T("float32", (N, 10000)))), ("t", "p"))
+    c = edge.long_elementwise(10000)
     rng = np.random.default_rng(4)
     a = rng.standard_normal((3, 10000)).astype(np.float32)
     b = rng.standard_normal(10000).astype(np.float32)
