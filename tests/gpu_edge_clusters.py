@@ -53,6 +53,7 @@ def long_elementwise(width=10000):
 EDGE_CLUSTERS = {
     "softmax_dynamic": softmax((N, N)),
     "softmax_1": softmax((N, 1)),
+    "softmax_8": softmax((N, 8)),
     "softmax_70": softmax((N, 70)),
     "softmax_f64_2000": softmax((N, 2000), "float64"),
     "two_column_groups_f64": two_column_groups_f64(),

@@ -47,11 +47,24 @@ def test_standard_pattern_matches_numpy_for_odd_row_counts(name, reverse_threads
         check_pattern(PATTERNS[name], rows, seed, reverse_threads)
 
 
-def test_short_rows_take_a_warp_each_and_long_rows_a_block():
+def test_tiny_rows_take_a_thread_short_rows_a_warp_and_long_rows_a_block():
+    tiny = plan_gpu(build_schedule(edge.softmax((N, 8)))).mapping
+    assert (tiny.kind, tiny.row_threads, tiny.rows_per_block) == ("thread", 1, 256)
     short = plan_gpu(build_schedule(PATTERNS["layernorm_768"].cluster)).mapping
     assert (short.kind, short.row_threads, short.rows_per_block) == ("warp", 32, 8)
     long = plan_gpu(build_schedule(PATTERNS["layernorm_4096"].cluster)).mapping
     assert (long.kind, long.row_threads, long.rows_per_block) == ("block", 256, 1)
+
+
+@pytest.mark.parametrize("width", [2, 8])
+def test_thread_per_row_softmax_across_block_boundaries(width):
+    """256 rows per block: 0, one partial block, exactly one, one and a bit."""
+    c = edge.softmax((N, width))
+    rng = np.random.default_rng(width)
+    for rows in (0, 5, 256, 300):
+        x = rng.standard_normal((rows, width)).astype(np.float32) * 4
+        (y,) = emulate(c, [x], reverse_threads=rows == 300)
+        np.testing.assert_allclose(y, _np_softmax(x), rtol=2e-6, atol=1e-7)
 
 
 def test_softmax_keeps_exponentials_in_shared_memory_when_they_fit():

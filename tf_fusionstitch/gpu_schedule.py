@@ -3,6 +3,9 @@
 `schedule.py` decides what a row computes and in which column loops; this
 module decides how a CUDA block runs it (AStitch's adaptive mapping):
 
+- *thread per row*: rows of at most `THREAD_ROW_MAX_COLS` columns get one
+  thread each, a block's threads taking consecutive rows. A warp per row
+  would leave most lanes idle; here no thread waits and nothing is exchanged.
 - *warp per row*: rows of at most `WARP_ROW_MAX_COLS` columns (known at
   optimization time) get one warp each, `rows_per_block` rows per block. The
   column loops stride over the 32 lanes; a reduction is a shuffle tree that
@@ -32,6 +35,9 @@ from tf_fusionstitch.codegen import kernel_ir
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE, Schedule, UnsupportedCluster
 
 WARP = 32
+# Up to 8 columns a warp per row would idle at least 3 of 4 lanes; one thread
+# loops over them, and a warp's loads still cover 32 consecutive rows.
+THREAD_ROW_MAX_COLS = 8
 # A warp-per-row reduction needs no barrier or shared memory; up to 32
 # elements per lane still keep enough loads in flight per warp. Longer rows
 # need more threads to hide memory latency.
@@ -48,7 +54,7 @@ _COMPUTE_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
 
 @dataclasses.dataclass(frozen=True)
 class GpuMapping:
-    kind: str                    # "warp" (one warp per row) or "block" (one block per row)
+    kind: str                    # "thread", "warp" or "block": who runs one row
     block_threads: int
     rows_per_block: int
     smem_cols: Optional[int]     # static columns a shared buffer holds (None: no buffers)
@@ -56,7 +62,7 @@ class GpuMapping:
     @property
     def row_threads(self) -> int:
         """Threads that share one row's column loops."""
-        return WARP if self.kind == "warp" else self.block_threads
+        return {"thread": 1, "warp": WARP}.get(self.kind, self.block_threads)
 
     @property
     def warps_per_row(self) -> int:
@@ -99,7 +105,10 @@ def plan_gpu(s: Schedule) -> GpuPlan:
         hoisted_bytes = 0
     row_bytes = sum(_COMPUTE_BYTES[types[v].dtype] for v in s.buffered) * (cols or 0)
 
-    if per_item is not None and per_item <= WARP_ROW_MAX_COLS:
+    if per_item is not None and per_item <= THREAD_ROW_MAX_COLS:
+        rows = BLOCK_THREADS
+        mapping = GpuMapping("thread", BLOCK_THREADS, rows, cols)
+    elif per_item is not None and per_item <= WARP_ROW_MAX_COLS:
         rows = MAX_ROWS_PER_BLOCK
         # Fewer rows per block before giving up buffers: each row needs its own.
         while rows > 1 and hoisted_bytes + rows * row_bytes > SMEM_BUDGET:

@@ -144,7 +144,9 @@ class _GpuBody(printer._Printer):
         self.regs: Dict[str, str] = {}        # thread-scope value -> C type
         self.reg_part: Dict[str, int] = {}    # thread-scope value -> part declaring it
         self.shared: List[tuple] = []         # (name, C type, elements)
-        self.row_thread = "lane" if self.m.kind == "warp" else "tid"
+        # This thread's rank among its row's threads, and its row's slot in the block.
+        self.row_thread = {"thread": "0", "warp": "lane", "block": "tid"}[self.m.kind]
+        self.row_slot = {"thread": "tid", "warp": "warp", "block": "0"}[self.m.kind]
         self.build()
 
     # -- bookkeeping -------------------------------------------------------
@@ -164,7 +166,8 @@ class _GpuBody(printer._Printer):
     # -- statements --------------------------------------------------------
     def stmt(self, st, indent: int, in_loop: bool) -> None:
         if isinstance(st, k.Store) and not in_loop:  # a row value: one thread writes it
-            self.emit(f"if ({self.row_thread} == 0) t{st.tensor}[{self.index(st.tensor, False)}]"
+            guard = "" if self.m.row_threads == 1 else f"if ({self.row_thread} == 0) "
+            self.emit(f"{guard}t{st.tensor}[{self.index(st.tensor, False)}]"
                       f" = {self.store_value(st.src, st.dtype)};", indent)
         elif isinstance(st, k.BufStore):
             self.emit(f"{self.buf(st.pool, st.src)} = {st.src};", indent)
@@ -176,8 +179,10 @@ class _GpuBody(printer._Printer):
 
     def buf(self, pool: str, value: str) -> str:
         """Shared-memory element of a buffered (per row) or hoisted (per block) value."""
-        if pool == "b" and self.m.rows_per_block > 1:
-            return f"{pool}_{value}[warp * {self.m.smem_cols} + cl]"
+        if pool == "b" and self.m.kind == "thread":  # column-major: no bank conflicts
+            return f"{pool}_{value}[cl * {self.m.rows_per_block} + tid]"
+        if pool == "b" and self.m.rows_per_block > 1:  # lanes read consecutive words
+            return f"{pool}_{value}[{self.row_slot} * {self.m.smem_cols} + cl]"
         return f"{pool}_{value}[cl]"
 
     def row_stmt(self, st) -> None:
@@ -203,8 +208,7 @@ class _GpuBody(printer._Printer):
             self.col_loop(kr.prelude, [], 1, "0", "n_cols", "tid", m.block_threads)
             self.emit("}", 0)
             self.sync(_Barrier())
-        slot = "warp" if m.kind == "warp" else "0"
-        self.decl("int64_t", "item", f"begin + block * {m.rows_per_block} + {slot}")
+        self.decl("int64_t", "item", f"begin + block * {m.rows_per_block} + {self.row_slot}")
         self.sync(_Guard("item < end"))
         self.decl("int64_t", "r", "item", const=False)
         if kr.tiled and kr.col_groups:
@@ -244,7 +248,8 @@ class _GpuBody(printer._Printer):
     def col_loop(self, stmts, accs, indent, lo, hi, first, step) -> None:
         """The thread's columns: lo + first, then every `step`-th below hi."""
         e = self.emit
-        e(f"for (int64_t cl = {lo} + {first}; cl < {hi}; cl += {step}) {{", indent)
+        start = lo if first == "0" else f"{lo} + {first}"
+        e(f"for (int64_t cl = {start}; cl < {hi}; cl += {step}) {{", indent)
         groups = self.k.col_groups
         if len(groups) == 1:
             e(f"const int64_t c{groups[0]} = cl;", indent + 1)
@@ -258,7 +263,10 @@ class _GpuBody(printer._Printer):
 
     def reduce(self, accs) -> None:
         """Warp xor tree, then (block per row) partials per warp through shared
-        memory; afterwards every thread of the row holds the same result."""
+        memory; afterwards every thread of the row holds the same result.
+        A thread per row has its result already."""
+        if self.m.row_threads == 1:
+            return
         vals = []
         combine = []
         for a in accs:
@@ -310,7 +318,8 @@ def print_cuda(plan: GpuPlan, n_ext: int) -> str:
         elif isinstance(part, _Barrier):
             out.append("  " + CUDA.barrier)
         elif isinstance(part, _Guard):
-            out.append(f"  if (!({part.cond})) return;  // uniform per warp (per block)")
+            # Uniform per warp (block) where shuffles (barriers) follow.
+            out.append(f"  if (!({part.cond})) return;")
         else:
             out.append("  {")
             for tmp, reg, ctype in part.exchanges:
