@@ -1,5 +1,9 @@
 """One printer from kernel IR to source text; targets differ only in tables.
 
+Targets are the `Target` tables `CPP` and `CUDA`; the CUDA kernel's
+structure (threads, barriers, shuffles) is printed by codegen/gpu_printer.py
+through this printer's statements.
+
 `print_kernel(kernel, CPP)` gives the C++ block function of docs/KERNEL_ABI.md:
 each work item is a row; each column loop is a `#pragma omp simd` loop that GCC
 vectorises (reductions through OpenMP reduction clauses, so no -ffast-math is
@@ -20,6 +24,7 @@ from typing import Dict, List
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.codegen import kernel_ir as k
+from tf_fusionstitch.codegen.cuda_prelude import CUDA_PRELUDE
 from tf_fusionstitch.codegen.vecmath import CPP_PRELUDE
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE as TILE
 
@@ -90,6 +95,26 @@ static inline int fs_fail(char* err, int64_t n, const char* msg) {
            for fn in ("sin", "cos", "sqrt", "floor", "ceil", "pow", "fabs")},
         "round": ("__builtin_nearbyintf", "__builtin_nearbyint"),
     },
+)
+
+# Accurate CUDA math functions only (no __expf-style intrinsics): their
+# errors are within a few ulps, the tolerance the numerics contract allows.
+CUDA = Target(
+    name="cuda",
+    prelude=CUDA_PRELUDE,
+    export='extern "C" __global__',
+    simd_pragma="",
+    math={
+        **{fn: (f"{fn}f", fn) for fn in ("exp", "log", "log1p", "expm1", "tanh", "erf",
+                                         "erfc", "sin", "cos", "sqrt", "floor", "ceil",
+                                         "pow", "fabs")},
+        "sigmoid": ("fs_sigmoidf", "fs_sigmoid"), "softplus": ("fs_softplusf", "fs_softplus"),
+        "round": ("rintf", "rint"),  # half to even, as TensorFlow's Round
+    },
+    limits="fs_limits",
+    shared="__shared__ ",
+    barrier="__syncthreads();",
+    shuffle_xor="__shfl_xor_sync(0xffffffffu, {v}, {off})",
 )
 
 # SELU constants as TensorFlow defines them.
