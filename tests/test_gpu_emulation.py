@@ -106,6 +106,42 @@ def test_one_column_rows_and_nan_rows():
                                atol=1e-7)
 
 
+def _tanh_chain(width, depth):
+    """depth tanh values of a row, all needed again after the row's sum."""
+    f, row = T("float64", (N, width)), T("float64", (N, 1))
+    ops = [op("t0", "tanh", ["x"], f)]
+    ops += [op(f"t{i}", "tanh", [f"t{i - 1}"], f) for i in range(1, depth)]
+    ops.append(op("s", "reduce_sum", [f"t{depth - 1}"], row, axes=[1], keep_dims=True))
+    ops.append(op("y0", "mul", ["t0", "s"], f))
+    ops += [op(f"y{i}", "add", [f"y{i - 1}", f"t{i}"], f) for i in range(1, depth)]
+    return ir.Cluster((("x", f),), tuple(ops), (f"y{depth - 1}",))
+
+
+def _np_tanh_chain(x, depth):
+    ts = [np.tanh(x)]
+    for _ in range(1, depth):
+        ts.append(np.tanh(ts[-1]))
+    y = ts[0] * ts[-1].sum(1, keepdims=True)
+    for t in ts[1:]:
+        y = y + t
+    return y
+
+
+@pytest.mark.parametrize("depth,rows_per_block,buffered", [(2, 2, True), (6, 8, False)])
+def test_warp_rows_per_block_shrink_for_buffers_then_buffers_give_way(depth, rows_per_block,
+                                                                       buffered):
+    """1024 float64 columns: 2 buffers (16 KiB a row) fit 2 rows per block;
+    6 (48 KiB) fit no row, so they are recomputed and 8 rows share a block."""
+    c = _tanh_chain(1024, depth)
+    plan = plan_gpu(build_schedule(c))
+    assert plan.mapping.kind == "warp" and plan.mapping.rows_per_block == rows_per_block
+    assert bool(plan.kernel.buffers) == buffered
+    assert any("recomputed" in why for why in plan.dropped) != buffered
+    x = np.random.default_rng(depth).standard_normal((11, 1024))
+    (y,) = emulate(c, [x])
+    np.testing.assert_allclose(y, _np_tanh_chain(x, depth), rtol=1e-12, atol=1e-12)
+
+
 def test_float64_softmax_buffers_doubles_in_shared_memory():
     c = edge.softmax((N, 2000), "float64")
     plan = plan_gpu(build_schedule(c))

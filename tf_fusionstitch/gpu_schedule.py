@@ -106,25 +106,23 @@ def plan_gpu(s: Schedule) -> GpuPlan:
     row_bytes = sum(_COMPUTE_BYTES[types[v].dtype] for v in s.buffered) * (cols or 0)
 
     if per_item is not None and per_item <= THREAD_ROW_MAX_COLS:
-        rows = BLOCK_THREADS
-        mapping = GpuMapping("thread", BLOCK_THREADS, rows, cols)
+        kind, threads, row_choices = "thread", BLOCK_THREADS, (BLOCK_THREADS,)
     elif per_item is not None and per_item <= WARP_ROW_MAX_COLS:
-        rows = MAX_ROWS_PER_BLOCK
         # Fewer rows per block before giving up buffers: each row needs its own.
-        while rows > 1 and hoisted_bytes + rows * row_bytes > SMEM_BUDGET:
-            rows //= 2
-        mapping = GpuMapping("warp", rows * WARP, rows, cols)
+        row_choices = tuple(MAX_ROWS_PER_BLOCK >> i
+                            for i in range(MAX_ROWS_PER_BLOCK.bit_length()))  # 8, 4, 2, 1
+        kind, threads = "warp", None
     else:
-        rows = 1
-        mapping = GpuMapping("block", BLOCK_THREADS, 1, cols)
-    if s.buffered and (not cols or hoisted_bytes + rows * row_bytes > SMEM_BUDGET):
-        dropped.append("buffered values recomputed: the row length is "
-                       + _why(cols))
+        kind, threads, row_choices = "block", BLOCK_THREADS, (1,)
+    fitting = [r for r in row_choices if hoisted_bytes + r * row_bytes <= SMEM_BUDGET]
+    if s.buffered and (not cols or not fitting):
+        dropped.append("buffered values recomputed: the row length is " + _why(cols))
         s = dataclasses.replace(s, buffered=frozenset())
+    rows = fitting[0] if fitting and s.buffered else row_choices[0]
+    mapping = GpuMapping(kind, threads or rows * WARP, rows, cols)
     if not s.buffered and not s.hoisted:
         mapping = dataclasses.replace(mapping, smem_cols=None)
     return GpuPlan(s, kernel_ir.lower(s), mapping, tuple(dropped))
-
 
 
 def _why(cols: Optional[int]) -> str:
