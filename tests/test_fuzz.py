@@ -138,6 +138,63 @@ class OracleSelfTest(tf.test.TestCase):
         self.assertEqual(list(env["n0"].lo), [-2, -2])     # wraps, as TF's Eigen kernels do
         self.assertEqual(int(env["n1"].lo), 2 ** 31 - 1)   # TF's int32 mean does not wrap
 
+    def test_constant_push_down_reassociates(self):
+        # Grappler's ConstantPushDown: (a + b) - 2 runs as a + (b - 2) or b + (a - 2),
+        # x * 7 / c as x * (7 * (1/c)) (soak --seed=20261129 graph 505). Every
+        # order TF may use is inside; a result off all of them is not.
+        case = self._case([{"name": "n0", "op": "AddV2", "inputs": ["a", "b"], "attrs": {}},
+                           {"name": "n1", "op": "Sub", "inputs": ["n0", {"const": 2.0}],
+                            "attrs": {}},
+                           {"name": "n2", "op": "Mul", "inputs": ["a", {"const": 7.0}],
+                            "attrs": {}},
+                           {"name": "n3", "op": "RealDiv", "inputs": ["n2", {"const": -1.7}],
+                            "attrs": {}}],
+                          [{"name": "a", "dtype": "float32", "shape": [4]},
+                           {"name": "b", "dtype": "float32", "shape": [4]}], ["n1", "n3"])
+        a = np.array([0.5599996447563171, 0.966751754283905, 1.1192902326583862,
+                      1.19950270652771], np.float32)
+        b = np.array([0.7377461791, 0.2, 0.931, 1.6], np.float32)
+        env = fg.evaluate(case, [a, b])
+        two = np.float32(2)
+        orders = [(a + b) - two, a + (b - two), b + (a - two)]
+        self.assertTrue(np.all(orders[0] != orders[1]))      # the orders differ here
+        iv = env["n1"]
+        for r in orders:
+            self.assertFalse(fg.check_value(iv, r).bad.any(), r)
+        # no wider than the orders, give or take an ulp of the partial sums (each
+        # op's result is rounded outward)
+        lo, hi = np.minimum.reduce(orders), np.maximum.reduce(orders)
+        partial = np.maximum.reduce([np.abs(a + b), np.abs(a - two), np.abs(b - two)])
+        ulp = np.spacing(partial).astype(np.float64)
+        self.assertTrue(np.all(iv.lo >= lo - ulp) and np.all(iv.hi <= hi + ulp))
+        self.assertTrue(fg.check_value(iv, (hi + 2 * ulp).astype(np.float32)).bad.all())
+        self.assertTrue(fg.check_value(iv, (lo - 2 * ulp).astype(np.float32)).bad.all())
+        r = np.float32(1) / np.float32(-1.7)
+        pushed = a * (np.float32(7) * r)                     # TF's constant folding
+        self.assertFalse(fg.check_value(env["n3"], pushed).bad.any())
+
+    def test_reciprocal_near_smallest_normal(self):
+        # TF's vectorised float reciprocal (rcp estimate + one Newton step) loses
+        # the Newton correction to FTZ once it is below FLT_MIN (soak
+        # --seed=20261129 graph 2248): error up to FLT_MIN absolute, capped at the
+        # estimate's 1.5 * 2^-12 relative. Elsewhere the bound stays a few ulps.
+        case = self._case([{"name": "n0", "op": "Reciprocal", "inputs": ["x"], "attrs": {}}],
+                          [{"name": "x", "dtype": "float32", "shape": [16]}], ["n0"])
+        x = np.tile(np.array([4.1672e37, -4.4483e37, 8.4e37, 1e30, 3.0, -7.5, 2.0 ** 104,
+                              0.1], np.float32), 2)
+        iv = fg.evaluate(case, [x])["n0"]
+        exact = 1.0 / x.astype(np.float64)
+        tf_value = tf.math.reciprocal(tf.constant(x)).numpy()    # a full AVX packet
+        self.assertFalse(fg.check_value(iv, tf_value).bad.any(), tf_value)
+        small = np.abs(exact) < 2.0 ** -113          # Newton correction always flushed
+        seen = exact * (1 + 3.1e-4)                  # (TF here: 3.14e-4 relative)
+        self.assertFalse(fg.check_value(iv, seen).bad[small].any())
+        beyond = exact * (1 + 3.7e-4)                # more than rcp's own error
+        self.assertTrue(fg.check_value(iv, beyond).bad[small].all())
+        normal = np.abs(exact) > 2.0 ** -90
+        width = (iv.hi - iv.lo)[normal]
+        self.assertTrue(np.all(width <= 8 * np.spacing(np.abs(exact[normal]).astype(np.float32))))
+
     def test_case_json_round_trip_and_replay_script(self):
         case = fg.generate_case(fg.case_seed(CI_SEED, 0))
         again = json.loads(json.dumps(case))

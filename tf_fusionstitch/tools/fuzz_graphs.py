@@ -60,8 +60,10 @@ NaN (TF's Eigen and oneDNN kernels disagree), signs of zero (not compared),
 TF's float64 erf beyond sqrt(DBL_MAX) (NaN in TF), reduction orders (partial
 sums and products that may overflow or underflow). Grappler rewrites that TF
 and optimize() both apply and that change results (pow by a constant, max of a
-monotone function, log of softmax, not of a comparison, 1/(1/x)) are applied
-to the oracle's graph first (`grappler_rewrites`, `_Oracle.monotone_hoist`).
+monotone function, log of softmax, not of a comparison, 1/(1/x), x / c as
+x * (1/c), reassociated sums and products: the union over their possible
+orders) are applied to the oracle's graph first (`grappler_rewrites`,
+`_reassociate`, `_Oracle.monotone_hoist`).
 
 On a mismatch, `shrink` removes outputs and ops, lowers ranks and extents and
 drops edge values while the mismatch persists, and `save_regression` writes the
@@ -843,12 +845,14 @@ _ERR = {
 }
 # x / c: Grappler's constant folding makes it x * (1 / c) with 1 / c rounded to
 # the dtype (float16/bfloat16: 2 u of the dtype; measured: a third of the
-# float16 quotients by 3 differ from x / 3).
+# float16 quotients by 3 differ from x / 3; float32/float64: grappler_rewrites
+# rewrites it so, measured equal to TF's in every element).
 # pow: Grappler rewrites x**2, x**3, ... with a constant exponent into products,
 # rounded in the dtype by TF (float16/bfloat16: two roundings, 2 u of the dtype).
 # TF's erfc near underflow (result below 2^40 smallest normals): 66 u (float32),
 # 516 u (float64) measured.
 _ERFC_TAIL = {"float32": 100, "float64": 800}
+_RCP_EST_ERR = 1.5 * 2.0 ** -12      # relative error of x86 rcp_ps (see Reciprocal)
 _SIN_COS_ABS_ULPS = 4
 
 
@@ -1070,18 +1074,21 @@ _INVERSE = {"Less": "GreaterEqual", "GreaterEqual": "Less", "Greater": "LessEqua
 
 
 def grappler_rewrites(case) -> list:
-    """The case's nodes as Grappler's arithmetic optimizer leaves them, for the
-    rewrites that change results (TF and optimize() both run them; measured):
+    """The case's nodes as Grappler leaves them, for the rewrites that change
+    results (TF and optimize() both run them; measured):
     - Pow(x, c) for a constant c: 0.5 -> Sqrt, -0.5 -> Rsqrt, 1 -> x, 2 -> Square,
       3 -> x * Square(x), -1 -> Reciprocal (sqrt(-inf) is NaN, pow(-inf, .5) inf);
     - LogicalNot(Less(a, b)) -> GreaterEqual(a, b), etc. (differs for NaN);
     - Reciprocal(Reciprocal(x)) -> x (differs where 1/x overflows or flushes);
     - Log(Softmax(x)) -> LogSoftmax(x) (no underflow to log(0) = -inf);
-    each only where the inner op has no other consumer and is not an output.
+    each only where the inner op has no other consumer and is not an output;
+    - float32/float64 x / c -> x * (1 / c) and the reassociation of trees of
+      + - (or of *) ops (`_reassociate`).
     (Max/Min of a monotone op is handled in _Oracle.monotone_hoist.)"""
     nodes = [dict(n) for n in case["nodes"]]
     by_name = {n["name"]: n for n in nodes}
     consumers = _consumers(nodes, case["outputs"])
+    types = infer_types(case)
 
     def sole(ref, op=None):
         inner = by_name.get(ref) if isinstance(ref, str) else None
@@ -1110,7 +1117,140 @@ def grappler_rewrites(case) -> list:
             node = dict(node, op="Identity", inputs=[by_name[ins[0]]["inputs"][0]], attrs={})
         elif op == "Log" and sole(ins[0], ("Softmax",)):
             node = dict(node, op="LogSoftmax", inputs=[by_name[ins[0]]["inputs"][0]], attrs={})
+        elif op in ("RealDiv", "Div") and isinstance(ins[1], dict) and isinstance(ins[0], str) \
+                and types[node["name"]][0] in _REASSOCIATED:
+            # constant folding's ReduceDivToReciprocalMul (before it pushes
+            # constants down); float16/bfloat16: see _ERR's RealDiv slack
+            r = _fold("RealDiv", 1.0, ins[1]["const"], types[node["name"]][0])
+            node = dict(node, op="Mul", inputs=[ins[0], {"const": r}], attrs={})
         out.append(node)
+    return _reassociate(out, case["outputs"], types)
+
+
+_REASSOCIATED = ("float32", "float64")
+_ADD_FAMILY = ("Add", "AddV2", "Sub")
+_MAX_TERMS = 5            # (2n-3)!! orders: 105 for 5 terms
+
+
+def _fold(op, a, b, dtype) -> float:
+    """Grappler's constant folding of op(a, b): TF's kernel, rounded to the dtype."""
+    nd = _np_dtype(dtype)
+    with np.errstate(all="ignore"):
+        fn = {"AddV2": np.add, "Mul": np.multiply, "RealDiv": np.divide}[op]
+        return float(fn(np.array(a, nd), np.array(b, nd)).astype(nd))
+
+
+def _orders(items):
+    """Every binary tree over `items` (commutative: a tree and its mirror once)."""
+    if len(items) == 1:
+        yield items[0]
+        return
+    first, rest = items[0], items[1:]
+    for k in range(len(rest)):
+        for combo in itertools.combinations(range(len(rest)), k):
+            left = [first] + [rest[i] for i in combo]
+            right = [rest[i] for i in range(len(rest)) if i not in combo]
+            for lt in _orders(left):
+                for rt in _orders(right):
+                    yield (lt, rt)
+
+
+def _reassociate(nodes, outputs, types) -> list:
+    """Grappler reassociates trees of + and - ops, and of * ops (x / c counts
+    as x * (1/c)), of float32/float64 values:
+    - constant folding's ConstantPushDown (constant_folding.cc), for a constant
+      c and an inner op with no other consumer: (a + b) - c -> a + (b - c) or
+      b + (a - c) (which operand of a commutative op stays outside depends on
+      node names), c * (a * b) -> a * (c * b), repeated until nothing changes,
+      folding constants that meet (in the dtype);
+    - the arithmetic optimizer's AddOpsRewrite and MinimizeBroadcasts, which
+      re-pair the operands of a tree of Add (or Mul) ops by shape, e.g. back to
+      (a + b) - c when a and b have one shape.
+    Rounding then happens in another order: (a + b) - c and a + (b - c) differ
+    by an ulp of the partial sums, which is large next to a cancelling result;
+    products may also overflow or underflow in one order only. The oracle takes
+    the union over every order of the tree's signed terms (a - b is a + (-b)
+    exactly; constants that meet are folded as Grappler does): TF's result is
+    one of them. Trees with a constant (pushdown) or of Add/AddV2 or Mul only
+    (re-pairing); not trees with a non-constant division. float16/bfloat16:
+    Add/AddV2 or Mul trees only (ConstantPushDown skips these dtypes; the
+    re-pairing does not, measured: (x + y) + z with z shaped like x). Integers
+    are exact (wrapping), so their order does not matter. Up to _MAX_TERMS
+    terms; larger trees keep TF's graph order (not seen)."""
+    by_name = {n["name"]: n for n in nodes}
+    consumers = _consumers(nodes, outputs)
+
+    def family(n):
+        dtype = types.get(n["name"], (None,))[0] if n is not None else None
+        if dtype in _REASSOCIATED:
+            return "add" if n["op"] in _ADD_FAMILY else "mul" if n["op"] == "Mul" else None
+        if dtype in FLOATS:        # float16/bfloat16: re-pairing only (no pushdown)
+            return "add" if n["op"] in ("Add", "AddV2") else "mul" if n["op"] == "Mul" else None
+        return None
+
+    def interior(ref, fam):
+        n = by_name.get(ref) if isinstance(ref, str) else None
+        return n is not None and family(n) == fam and consumers.get(ref) == 1
+
+    inner = {ref for n in nodes if family(n) for ref in n["inputs"]
+             if interior(ref, family(n))}
+    out = []
+    for node in nodes:
+        fam = family(node)
+        if fam is None or node["name"] in inner:
+            out.append(node)
+            continue
+        terms, ops = [], []
+
+        def collect(n, sign):
+            ops.append(n["op"])
+            for k, ref in enumerate(n["inputs"]):
+                sk = -sign if (n["op"] == "Sub" and k == 1) else sign
+                if interior(ref, fam):
+                    collect(by_name[ref], sk)
+                else:
+                    terms.append((ref, sk))
+
+        collect(node, 1)
+        has_const = any(isinstance(t, dict) for t, _ in terms)
+        if len(ops) < 2 or len(terms) > _MAX_TERMS or not (
+                has_const or all(o in ("Add", "AddV2", "Mul") for o in ops)):
+            out.append(node)
+            continue
+        dtype = types[node["name"]][0]
+        finals = []
+        for k, tree in enumerate(_orders(terms)):
+            emitted = []
+            counter = itertools.count()
+
+            def emit(t):
+                if isinstance(t, tuple) and len(t) == 2 and isinstance(t[1], int):
+                    return t                                # a leaf: (ref, sign)
+                (a, sa), (b, sb) = emit(t[0]), emit(t[1])
+                if isinstance(a, dict) and isinstance(b, dict):
+                    if fam == "mul":
+                        return {"const": _fold("Mul", a["const"], b["const"], dtype)}, 1
+                    v = _fold("AddV2", sa * a["const"], sb * b["const"], dtype)
+                    return {"const": v}, 1
+                name = f"{node['name']}/order{k}.{next(counter)}"
+                if fam == "mul":
+                    emitted.append({"name": name, "op": "Mul", "inputs": [a, b], "attrs": {}})
+                    return name, 1
+                if sa == sb:
+                    emitted.append({"name": name, "op": "AddV2", "inputs": [a, b], "attrs": {}})
+                    return name, sa
+                x, y = (a, b) if sa > 0 else (b, a)
+                emitted.append({"name": name, "op": "Sub", "inputs": [x, y], "attrs": {}})
+                return name, 1
+
+            ref, sign = emit(tree)
+            if isinstance(ref, dict) or sign < 0:          # (all constants: not a tree here)
+                name = f"{node['name']}/order{k}.neg"
+                emitted.append({"name": name, "op": "Neg", "inputs": [ref], "attrs": {}})
+                ref = name
+            out += emitted
+            finals.append(ref)
+        out.append({"name": node["name"], "op": "Hull", "inputs": finals, "attrs": {}})
     return out
 
 
@@ -1211,6 +1351,12 @@ class _Oracle:
             return self.binary("AddV2", ins[0], b)
         if op == "Cast":
             return self.cast(ins[0], a["to"])
+        if op == "Hull":        # one of several results (grappler_rewrites): their union
+            either = _bool_iv(np.zeros(ins[0].shape), np.ones(ins[0].shape))
+            v = ins[0]
+            for w in ins[1:]:
+                v = self.select(either, v, w)
+            return v
         x = ins[0]
         if op == "Identity":
             return x
@@ -1291,6 +1437,17 @@ class _Oracle:
             c = COMPUTE[d]
             tail = np.abs(lo) < TINY[c] * 2.0 ** 40
             absolute = np.where(tail, _ERFC_TAIL[c] * U[c] * np.abs(hi), 0.0)
+        if op == "Reciprocal" and COMPUTE[d] == "float32":
+            # TF's vectorised float reciprocal (Eigen preciprocal: rcp_ps estimate
+            # plus one Newton step) loses the Newton correction to FTZ when that
+            # correction is below the smallest normal: up to FLT_MIN absolute, and
+            # never more than the estimate's own error, 1.5 * 2^-12 relative
+            # (Intel's bound; measured over 4e6 points in 2^[90, 126]: error <=
+            # 3.4 u + min(FLT_MIN, 2^-11.6 |1/x|), relative error up to 5.3e3 u
+            # for |1/x| < 2^-113). Tails of a tensor not filling a packet divide.
+            with np.errstate(all="ignore"):
+                mag = np.fmax(np.abs(lo), np.abs(hi))
+                absolute = np.fmin(TINY["float32"], _RCP_EST_ERR * mag)
         iv = _finish(d, lo, hi, unk, _ERR.get(op, (0, 0, 0)), absolute=absolute)
         if op in _RANGE:      # bounded functions stay in their range after widening
             a, b = _RANGE[op]
