@@ -67,6 +67,43 @@ def test_edge_clusters_compile_for_sm90_without_spills(name):
     assert res.shared_bytes == planned_shared_bytes(generated.plan), res
 
 
+def every_primitive(dtype):
+    """One output per unary and binary primitive that `dtype` allows (the
+    fusion IR decides which), plus casts and a select: each _EXPR template
+    must compile under the CUDA table."""
+    from tf_fusionstitch import fusion_ir as ir
+    T, op = ir.TensorType, ir.make_op
+    full = (7, 40)  # static rows: x and y may not broadcast against each other at run time
+    compare = ("less", "greater", "equal", "not_equal", "less_equal", "greater_equal")
+    base = (("x", T(dtype, full)), ("y", T(dtype, full)))
+    ops = []
+    for prim in ir.UNARY + ir.BINARY:
+        if prim in ("cast", "logical_not", "logical_and", "logical_or"):
+            continue
+        args = ["x"] if prim in ir.UNARY else ["x", "y"]
+        out = "bool" if prim in ("isfinite", "isnan") + compare else dtype
+        candidate = op(f"p_{prim}", prim, args, T(out, full))
+        try:
+            ir.Cluster(base, (candidate,), (candidate.name,)).validate()
+        except ir.SpecError:
+            continue  # not defined for this dtype
+        ops.append(candidate)
+    ops += [op("c_bool", "less", ["x", "y"], T("bool", full)),
+            op("sel", "select", ["c_bool", "x", "y"], T(dtype, full)),
+            op("to_f64", "cast", ["x"], T("float64", full)),
+            op("to_i32", "cast", ["x"], T("int32", full)),
+            op("from_bool", "cast", ["c_bool"], T(dtype, full))]
+    return ir.Cluster(base, tuple(ops), tuple(o.name for o in ops))
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+def test_every_primitive_compiles_for_cuda(dtype):
+    cluster = every_primitive(dtype)
+    assert len(cluster.ops) > 15
+    nvrtc.compile_ptx(generate_cuda(cluster).source, "sm_90", gpu_printer.NVRTC_OPTIONS)
+
+
 def test_warp_per_row_needs_no_block_barrier_and_block_per_row_one_per_reduction_loop():
     """The mappings' synchronisation, read off the printed kernels."""
     def counts(name):

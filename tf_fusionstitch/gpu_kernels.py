@@ -20,7 +20,7 @@ from typing import Dict, Optional, Sequence
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.codegen.generate import (GeneratedCudaKernel, generate_cuda,
                                               generate_gpu_emulation)
-from tf_fusionstitch.codegen.gpu_printer import NVRTC_OPTIONS
+from tf_fusionstitch.codegen.gpu_printer import KERNEL_NAME, NVRTC_OPTIONS
 from tf_fusionstitch.runtime import cpu_compiler, nvrtc
 from tf_fusionstitch.runtime.cuda_kernel import CudaKernel, HostShape
 
@@ -53,7 +53,7 @@ def compile_cuda(cluster: ir.Cluster, archs: Sequence[str] = DEFAULT_ARCHS,
         resources = None
         if assemble and nvrtc.ptxas_path():
             (resources,) = [r for r in nvrtc.ptxas_resources(ptx, arch)
-                            if r.kernel == "fs_kernel"]
+                            if r.kernel == KERNEL_NAME]
         builds[arch] = CudaBuild(arch, ptx, resources)
     return generated, builds
 

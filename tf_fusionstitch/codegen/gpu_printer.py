@@ -56,7 +56,8 @@ class _Shuffle:
 
 @dataclasses.dataclass(frozen=True)
 class _Guard:
-    cond: str          # false for every thread of a warp (block) past the last row
+    cond: str          # false for the threads past the last row (whole warps or
+    #                    blocks where shuffles or barriers follow)
 
 
 class _GpuBody(printer._Printer):
@@ -133,7 +134,9 @@ class _GpuBody(printer._Printer):
             self.col_loop(kr.prelude, [], 1, "0", "n_cols", "tid", m.block_threads)
             self.emit("}", 0)
             self.sync(_Barrier())
-        self.decl("int64_t", "item", f"begin + block * {m.rows_per_block} + {self.row_slot}")
+        first_item = "begin + block" + ("" if m.rows_per_block == 1 else f" * {m.rows_per_block}")
+        self.decl("int64_t", "item",
+                  first_item + ("" if self.row_slot == "0" else f" + {self.row_slot}"))
         self.sync(_Guard("item < end"))
         self.decl("int64_t", "r", "item", const=False)
         if kr.tiled and kr.col_groups:
