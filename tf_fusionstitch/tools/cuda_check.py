@@ -3,7 +3,7 @@
 For the standard patterns (tf_fusionstitch/patterns.py) and any fusion-spec
 JSON files given with --clusters, this generates the CUDA kernel, compiles
 it with NVRTC for each --arch, reads ptxas' registers, shared memory and
-spills, runs the C++ emulation of the CUDA schedule and prints the largest
+spills (and the occupancy they allow), runs the C++ emulation of the CUDA schedule and prints the largest
 error: against NumPy for the patterns, against the CPU kernel for spec
 files (random inputs; every dynamic dimension takes each --rows value).
 Exits with status 1 when a kernel spills or an error exceeds its tolerance.
@@ -21,6 +21,7 @@ import numpy as np
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch import gpu_kernels, patterns
+from tf_fusionstitch.gpu_occupancy import SM_LIMITS, occupancy
 from tf_fusionstitch.gpu_schedule import plan_gpu
 from tf_fusionstitch.kernels import build_cpu_kernel
 from tf_fusionstitch.runtime import nvrtc
@@ -73,8 +74,9 @@ def check(name, cluster, reference, rtol, atol, rows, archs, rng):
         row.update(mapping="-", note=f"not fused for CUDA: {exc}")
         return row
     m = plan.mapping
-    row["mapping"] = (f"warp x{m.rows_per_block}" if m.kind == "warp"
-                      else f"block {m.block_threads}")
+    row["mapping"] = {"thread": f"thread x{m.rows_per_block}", "warp": f"warp x{m.rows_per_block}",
+                      "block": f"block {m.block_threads}"}[m.kind]
+    row["threads"] = m.block_threads
     try:
         _, builds = gpu_kernels.compile_cuda(cluster, archs)
         row["arch"] = {a: b.resources for a, b in builds.items()}
@@ -96,21 +98,23 @@ def check(name, cluster, reference, rtol, atol, rows, archs, rng):
 
 
 def print_table(rows, archs):
-    head = f"{'kernel':28} {'mapping':10}"
+    head = f"{'kernel':28} {'mapping':12}"
     for a in archs:
-        head += f" {a + ' regs':>12} {'smem':>6} {'spill st/ld':>11}"
+        head += f" {a + ' regs':>12} {'smem':>6} {'spill st/ld':>11} {'occ':>5}"
     head += f" {'max error':>10}  ok"
     print(head)
     print("-" * len(head))
     for r in rows:
-        line = f"{r['name']:28} {r['mapping']:10}"
+        line = f"{r['name']:28} {r['mapping']:12}"
         for a in archs:
             res = r["arch"].get(a)
             if res is None:
-                line += f" {'-':>12} {'-':>6} {'-':>11}"
+                line += f" {'-':>12} {'-':>6} {'-':>11} {'-':>5}"
             else:
+                occ = occupancy(a, r["threads"], res.registers, res.shared_bytes) \
+                    if a in SM_LIMITS else float("nan")
                 line += (f" {res.registers:>12} {res.shared_bytes:>6} "
-                         f"{f'{res.spill_stores}/{res.spill_loads}':>11}")
+                         f"{f'{res.spill_stores}/{res.spill_loads}':>11} {occ:>5.0%}")
         line += f" {r['error']:>10.2e}  {'yes' if r['ok'] else 'NO'}"
         print(line)
     for r in rows:
