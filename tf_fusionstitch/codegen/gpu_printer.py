@@ -306,10 +306,13 @@ def print_emulation(plan: GpuPlan, reverse_threads: bool = False) -> str:
     used = [uses(p) for p in phases]
     crossing = set()
     body = []
+    declared_before: set = set()  # a name seen earlier (a prelude's o0) is another variable
     for i, phase in enumerate(phases):
         later = set().union(*used[i + 1:]) if i + 1 < len(phases) else set()
-        restore = sorted(used[i] - phase.declared, key=list(b.regs).index)
-        save = sorted((used[i] | phase.declared) & later, key=list(b.regs).index)
+        live_in = (used[i] & declared_before) - phase.declared
+        restore = sorted(live_in, key=list(b.regs).index)
+        save = sorted((live_in | phase.declared) & later, key=list(b.regs).index)
+        declared_before |= phase.declared
         crossing |= set(restore) | set(save)
         for reg in phase.snapshot:
             body.append(f"for (int t = 0; t < {nt}; ++t) S_{reg}[t] = R_{reg}[t];")
