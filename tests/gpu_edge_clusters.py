@@ -52,6 +52,7 @@ def long_elementwise(width=10000):
 
 EDGE_CLUSTERS = {
     "softmax_dynamic": softmax((N, N)),
+    "softmax_0": softmax((N, 0)),
     "softmax_1": softmax((N, 1)),
     "softmax_8": softmax((N, 8)),
     "softmax_70": softmax((N, 70)),

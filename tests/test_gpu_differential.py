@@ -19,7 +19,7 @@ from tf_fusionstitch.schedule import UnsupportedCluster, build_schedule
 
 T, op = ir.TensorType, ir.make_op
 N = None
-WIDTHS = (1, 3, 33, 100, 1030, 2500, None)
+WIDTHS = (0, 1, 3, 33, 100, 1030, 2500, None)
 UNARY = ("neg", "abs", "tanh", "sigmoid", "relu", "square")
 BINARY = ("add", "sub", "mul", "maximum", "minimum")
 REDUCE = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min")
@@ -105,7 +105,7 @@ def inputs_for(cluster, rows, width, rng):
     return out
 
 
-@pytest.mark.parametrize("seed", range(32))
+@pytest.mark.parametrize("seed", range(40))
 def test_emulated_cuda_schedule_agrees_with_the_cpu_kernel(seed):
     cluster, width, has_reduce = random_cluster(seed)
     cpu = CpuKernel(build_cpu_kernel(cluster).path)
