@@ -17,7 +17,7 @@ def run_tool(tmp_path, *flags):
 def test_spec_file_is_compiled_emulated_and_tabulated(tmp_path):
     res = run_tool(tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
-    (line,) = [l for l in res.stdout.splitlines() if l.startswith("softmax_70")]
+    (line,) = [l for l in res.stdout.splitlines() if l.startswith("softmax_70 ")]
     assert "warp x8" in line and line.endswith("yes")
 
 
