@@ -140,6 +140,17 @@ def test_nvrtc_builds_a_cubin_for_sm90():
 
 
 @needs_nvrtc
+def test_layernorm_neither_contracts_nor_flushes_denormals():
+    """--fmad=false: x*y+z stays two roundings as on the CPU (NVRTC's default
+    would fuse 8 of them here); no -ftz: denormals are kept. (expf's own
+    implementation uses an ftz instruction internally; layernorm has none.)"""
+    source = generate_cuda(PATTERNS["layernorm_768"].cluster).source
+    ptx = nvrtc.compile_ptx(source, "sm_90", gpu_printer.NVRTC_OPTIONS)
+    assert "fma.rn" not in ptx and ".ftz" not in ptx
+    assert "fma.rn.f32" in nvrtc.compile_ptx(source, "sm_90", ("--std=c++17",))
+
+
+@needs_nvrtc
 def test_nvrtc_errors_carry_the_compiler_log():
     with pytest.raises(nvrtc.CudaCompileError, match="undefined_name"):
         nvrtc.compile_ptx('extern "C" __global__ void k() { undefined_name(); }', "sm_80")

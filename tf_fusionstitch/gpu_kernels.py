@@ -68,11 +68,14 @@ def host_shape(generated: GeneratedCudaKernel, timeout: float = 120) -> HostShap
 
 
 def load_cuda(cluster: ir.Cluster) -> CudaKernel:
-    """The cluster's CUDA kernel on the current GPU (needs CuPy and a GPU)."""
+    """The cluster's CUDA kernel on the current GPU (needs CuPy and a GPU),
+    compiled by NVRTC for the device's architecture with NVRTC_OPTIONS."""
+    import cupy
     generated = generate_cuda(cluster)
+    arch = "sm_" + cupy.cuda.Device().compute_capability
+    cubin = nvrtc.compile_cubin(generated.source, arch, NVRTC_OPTIONS)
     c = generated.plan.schedule.cluster
     types = c.types()
     m = generated.plan.mapping
-    return CudaKernel(generated.source, host_shape(generated), [t.dtype for _, t in c.inputs],
-                      [types[o].dtype for o in c.outputs], m.block_threads, m.rows_per_block,
-                      NVRTC_OPTIONS)
+    return CudaKernel(cubin, host_shape(generated), [t.dtype for _, t in c.inputs],
+                      [types[o].dtype for o in c.outputs], m.block_threads, m.rows_per_block)

@@ -3,15 +3,20 @@
 The host side is the CPU kernel's shape function: `HostShape` loads a shared
 object exporting `fs_shape` (built from `GeneratedCudaKernel.host_source`)
 and turns input shapes into output shapes, run-time extents and the number
-of work items. `CudaKernel` loads the kernel with `cupy.RawModule` (which
-needs a GPU and its driver), allocates outputs and launches blocks over the
-work items, splitting grids larger than CUDA allows.
+of work items. `CudaKernel` loads a cubin that NVRTC built with the
+project's options (runtime/nvrtc.py) through `cupy.RawModule(path=...)`,
+which needs a GPU and its driver, allocates outputs and launches blocks over
+the work items, splitting grids larger than CUDA allows. It does not hand
+the source to `RawModule(code=...)`: CuPy then appends -ftz=true, which
+would flush denormals that TensorFlow's GPU kernels keep, and the binary
+would no longer be the one the compile checks assembled.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import tempfile
 from typing import Sequence
 
 import numpy as np
@@ -69,11 +74,17 @@ def launches(work: int, rows_per_block: int) -> list:
 class CudaKernel:
     """A CUDA kernel of docs/KERNEL_ABI.md loaded on the current GPU."""
 
-    def __init__(self, source: str, host: HostShape, in_dtypes: Sequence, out_dtypes: Sequence,
-                 block_threads: int, rows_per_block: int, options: Sequence[str]):
+    def __init__(self, cubin: bytes, host: HostShape, in_dtypes: Sequence, out_dtypes: Sequence,
+                 block_threads: int, rows_per_block: int):
         import cupy  # the caller checked that CuPy and a GPU exist
         self._cupy = cupy
-        self._fn = cupy.RawModule(code=source, options=tuple(options)).get_function("fs_kernel")
+        # RawModule reads the file when the function is first looked up; the
+        # directory lives as long as this object anyway.
+        self._dir = tempfile.TemporaryDirectory(prefix="tf_fusionstitch-cubin-")
+        path = os.path.join(self._dir.name, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        self._fn = cupy.RawModule(path=path).get_function("fs_kernel")  # docs/KERNEL_ABI.md
         self.host = host
         self.in_dtypes = [np.dtype(d) for d in in_dtypes]
         self.out_dtypes = [np.dtype(d) for d in out_dtypes]
