@@ -50,6 +50,22 @@ def long_elementwise(width=10000):
         op("t", "tanh", ["p"], T("float32", (N, width)))), ("t", "p"))
 
 
+def half_layernorm(dtype, width=768):
+    """Loads and stores 16-bit floats, computes and reduces in float32."""
+    full, row = T(dtype, (N, width)), T(dtype, (N, 1))
+    return ir.Cluster((("x", full), ("g", T(dtype, (width,)))), (
+        op("mean", "reduce_mean", ["x"], row, axes=[1], keep_dims=True),
+        op("d", "sub", ["x", "mean"], full),
+        op("sq", "square", ["d"], full),
+        op("var", "reduce_mean", ["sq"], row, axes=[1], keep_dims=True),
+        op("eps", "const", [], T(dtype, ()), value=1e-3),
+        op("ve", "add", ["var", "eps"], row),
+        op("rs", "rsqrt", ["ve"], row),
+        op("n", "mul", ["d", "rs"], full),
+        op("y", "mul", ["n", "g"], full),
+        op("y32", "cast", ["y"], T("float32", (N, width)))), ("y", "y32"))
+
+
 EDGE_CLUSTERS = {
     "softmax_dynamic": softmax((N, N)),
     "softmax_0": softmax((N, 0)),
@@ -60,4 +76,6 @@ EDGE_CLUSTERS = {
     "two_column_groups_f64": two_column_groups_f64(),
     "int_bool_reductions": int_bool_reductions(),
     "long_elementwise": long_elementwise(),
+    "layernorm_float16": half_layernorm("float16"),
+    "layernorm_bfloat16": half_layernorm("bfloat16"),
 }

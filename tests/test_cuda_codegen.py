@@ -101,7 +101,8 @@ def every_primitive(dtype):
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64", "int32",
+                                   "int64"])
 def test_every_primitive_compiles_for_cuda(dtype):
     cluster = every_primitive(dtype)
     assert len(cluster.ops) > 15

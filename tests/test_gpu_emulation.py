@@ -17,8 +17,8 @@ from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch import gpu_kernels, patterns
 from tf_fusionstitch.codegen import gpu_printer
 from tf_fusionstitch.gpu_schedule import plan_gpu
-from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
-from tf_fusionstitch.schedule import UnsupportedCluster, build_schedule
+from tf_fusionstitch.runtime.cpu_kernel import CpuKernel, as_dtype
+from tf_fusionstitch.schedule import build_schedule
 
 T, op = ir.TensorType, ir.make_op
 N = None
@@ -195,11 +195,23 @@ def test_hoisted_channel_values_are_shared_by_a_block_per_row():
         check_pattern(pat, rows, rows)
 
 
-def test_sixteen_bit_floats_are_refused_for_now():
-    c = ir.Cluster((("x", T("float16", (N, 8))),), (
-        op("y", "neg", ["x"], T("float16", (N, 8))),), ("y",))
-    with pytest.raises(UnsupportedCluster, match="16-bit"):
-        plan_gpu(build_schedule(c))
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_sixteen_bit_floats_load_and_store_as_such_and_compute_in_float32(dtype):
+    """As the C++ target: values compute in float32 and round to the 16-bit
+    type only where they are stored (y); y32 is the float32 value of y's
+    computation, so it lies within y's rounding of it."""
+    c = edge.half_layernorm(dtype)
+    np_dtype = as_dtype(dtype)
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((13, 768)).astype(np_dtype)
+    g = rng.standard_normal(768).astype(np_dtype)
+    y, y32 = emulate(c, [x, g])
+    xf, gf = x.astype(np.float32), g.astype(np.float32)
+    d = xf - xf.mean(1, keepdims=True)
+    ref = d / np.sqrt((d * d).mean(1, keepdims=True) + np.float32(1e-3)) * gf
+    np.testing.assert_allclose(y32, ref, rtol=1e-4, atol=1e-4)
+    tol = 2 ** -8 if dtype == "bfloat16" else 2 ** -11  # half an ulp, relative
+    np.testing.assert_allclose(y.astype(np.float32), y32, rtol=tol, atol=tol * 2 ** -14)
 
 
 # -- the emulation notices broken synchronisation ---------------------------

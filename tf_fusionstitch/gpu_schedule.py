@@ -32,7 +32,7 @@ from typing import Optional
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.codegen import kernel_ir
-from tf_fusionstitch.schedule import ELEMENTWISE_TILE, Schedule, UnsupportedCluster
+from tf_fusionstitch.schedule import ELEMENTWISE_TILE, Schedule
 
 WARP = 32
 # Up to 8 columns a warp per row would idle at least 3 of 4 lanes; one thread
@@ -48,8 +48,10 @@ MAX_ROWS_PER_BLOCK = 8              # 8 warps: 256 threads, like block-per-row
 # the per-warp reduction partials and headroom.
 SMEM_BUDGET = 44 * 1024
 
-# Bytes of a value in its compute type (codegen/printer.py COMPUTE).
-_COMPUTE_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+# Bytes of a value in its compute type (codegen/printer.py COMPUTE): 16-bit
+# floats compute, and are buffered, in float32.
+_COMPUTE_BYTES = {"float16": 4, "bfloat16": 4, "float32": 4, "float64": 8, "int32": 4,
+                  "int64": 8, "bool": 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,10 +89,6 @@ def static_cols(s: Schedule) -> Optional[int]:
 
 def plan_gpu(s: Schedule) -> GpuPlan:
     """Chooses the mapping and lowers the schedule for it."""
-    for name, t in s.cluster.types().items():
-        if t.dtype not in _COMPUTE_BYTES:
-            raise UnsupportedCluster(f"value {name} is {t.dtype}: the CUDA target does not "
-                                     "handle 16-bit floats yet")
     cols = static_cols(s)
     per_item = None if cols is None else (min(cols, ELEMENTWISE_TILE) if s.tiled else cols)
     types = s.cluster.types()

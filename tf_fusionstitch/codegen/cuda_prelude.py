@@ -57,5 +57,26 @@ template <typename T> FS_DEV T fs_floor_mod(T x, T y) {
   const T r = fs__fmod(x, y);
   return fs_select(r != T(0) && ((y < T(0)) != (r < T(0))), r + y, r);
 }
+// float16 travels as its bits; converted by the PTX instructions cuda_fp16.h
+// uses (round to nearest even, NaN and Inf kept, denormals converted exactly).
+FS_DEV float fs_f16_to_f32(uint16_t h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+FS_DEV uint16_t fs_f32_to_f16(float f) {
+  uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+// bfloat16 <-> float32 as the C++ target does (vecmath.py): nearest even,
+// NaN stays a quiet NaN with its sign.
+FS_DEV float fs_bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+FS_DEV uint16_t fs_f32_to_bf16(float x) {
+  const uint32_t u = __float_as_uint(x);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t qnan = ((u >> 16) & 0x8000u) | 0x7fc0u;
+  return (uint16_t)((x != x) ? qnan : rounded);
+}
 // ---- end of CUDA prelude ----
 """

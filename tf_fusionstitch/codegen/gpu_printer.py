@@ -35,6 +35,7 @@ from tf_fusionstitch.gpu_schedule import GpuPlan
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE as TILE
 
 KERNEL_NAME = "fs_kernel"
+CUDA_STORAGE = {**STORAGE, "float16": "uint16_t"}  # device code has no _Float16
 
 # NVRTC options every CUDA kernel is compiled with. --fmad=false keeps a*b+c
 # as two roundings, like the C++ target's -ffp-contract=off: a value computed
@@ -102,6 +103,23 @@ class _GpuBody(printer._Printer):
                       indent)
         else:
             super().stmt(st, indent, in_loop)
+
+    # float16 on CUDA: storage is the bits (uint16_t), as bfloat16's already is
+    # on both targets; the C++ emulation keeps the C++ target's _Float16.
+    def load(self, tensor: int, dtype: str, index: str) -> str:
+        if self.t is CUDA and dtype == "float16":
+            return f"fs_f16_to_f32(t{tensor}[{index}])"
+        return super().load(tensor, dtype, index)
+
+    def store_value(self, src: str, dtype: str) -> str:
+        if self.t is CUDA and dtype == "float16":
+            return f"fs_f32_to_f16({src})"
+        return printer._Printer.store_value(src, dtype)
+
+    def cast(self, src: str, frm: str, to: str) -> str:
+        if self.t is CUDA and to == "float16":  # round as TensorFlow would
+            return f"fs_f16_to_f32(fs_f32_to_f16(static_cast<float>({src})))"
+        return printer._Printer.cast(src, frm, to)
 
     def buf(self, pool: str, value: str) -> str:
         """Shared-memory element of a buffered (per row) or hoisted (per block) value."""
@@ -230,7 +248,7 @@ def print_cuda(plan: GpuPlan, n_ext: int) -> str:
     kr, m = plan.kernel, plan.mapping
     params = ["const int64_t begin", "const int64_t end"]
     for i, tn in enumerate(kr.tensors):
-        params.append(f"{'' if tn.is_output else 'const '}{STORAGE[tn.dtype]}* t{i}")
+        params.append(f"{'' if tn.is_output else 'const '}{CUDA_STORAGE[tn.dtype]}* t{i}")
     params += [f"const int64_t ext{a}" for a in range(n_ext)]
     out = [CUDA.prelude,
            f"{CUDA.export} void __launch_bounds__({m.block_threads}) {KERNEL_NAME}("
