@@ -12,7 +12,7 @@ import pytest
 from tf_fusionstitch import gpu_kernels, patterns
 from tf_fusionstitch.codegen.generate import generate_cuda
 from tf_fusionstitch.runtime.cpu_kernel import KernelShapeError
-from tf_fusionstitch.runtime.cuda_kernel import launches
+from tf_fusionstitch.runtime.cuda_kernel import device_dtype, launches
 
 PATTERNS = patterns.standard_patterns()
 
@@ -38,6 +38,10 @@ def test_host_shape_gives_outputs_extents_and_work_items():
         host([(13, 768), (767,), (768,)])
 
 
+def test_bfloat16_travels_as_bits_on_the_device():
+    assert device_dtype("bfloat16") == np.uint16 and device_dtype("float16") == np.float16
+
+
 def test_launches_cover_every_work_item_once():
     assert launches(0, 8) == []
     assert launches(13, 8) == [(0, 13, 2)]
@@ -57,3 +61,28 @@ def test_standard_pattern_on_the_gpu_matches_numpy(name):
         for got, want in zip(outputs, pattern.reference(inputs)):
             assert got.shape == want.shape
             np.testing.assert_allclose(got, want, rtol=pattern.rtol, atol=pattern.atol)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_sixteen_bit_layernorm_on_the_gpu_matches_the_emulation(dtype):
+    """Same schedule, same rounding points: the GPU agrees with the emulated
+    kernel to the 16-bit type's rounding (CUDA's sqrt and division are
+    correctly rounded; the order of the sums differs)."""
+    import gpu_edge_clusters as edge
+    from tf_fusionstitch.runtime.cpu_kernel import CpuKernel, as_dtype
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes", reason="NumPy needs ml_dtypes for bfloat16")
+    c = edge.half_layernorm(dtype)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((77, 768)).astype(as_dtype(dtype))
+    g = rng.standard_normal(768).astype(as_dtype(dtype))
+    want = CpuKernel(gpu_kernels.build_emulation(c)).run([x, g])
+    bits = [a.view(np.uint16) if dtype == "bfloat16" else a for a in (x, g)]
+    y, y32 = (o.get() for o in gpu_kernels.load_cuda(c).run(bits))
+    if dtype == "bfloat16":
+        y = y.view(as_dtype("bfloat16"))
+    np.testing.assert_allclose(y32, want[1], rtol=1e-4, atol=1e-4)
+    tol = 2 ** -7 if dtype == "bfloat16" else 2 ** -10
+    np.testing.assert_allclose(y.astype(np.float32), want[0].astype(np.float32), rtol=tol,
+                               atol=tol)

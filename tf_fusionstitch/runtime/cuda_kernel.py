@@ -61,6 +61,11 @@ class HostShape:
         return out_shapes, tuple(ext[:self.n_ext]), work[0]
 
 
+def device_dtype(name: str) -> np.dtype:
+    """CuPy has no bfloat16: such tensors travel as their uint16 bits."""
+    return np.dtype(np.uint16) if name == "bfloat16" else np.dtype(name)
+
+
 def launches(work: int, rows_per_block: int) -> list:
     """(begin, end, grid) per launch covering work items [0, work)."""
     per_launch = _MAX_GRID_X * rows_per_block
@@ -86,12 +91,13 @@ class CudaKernel:
             f.write(cubin)
         self._fn = cupy.RawModule(path=path).get_function("fs_kernel")  # docs/KERNEL_ABI.md
         self.host = host
-        self.in_dtypes = [np.dtype(d) for d in in_dtypes]
-        self.out_dtypes = [np.dtype(d) for d in out_dtypes]
+        self.in_dtypes = [device_dtype(d) for d in in_dtypes]
+        self.out_dtypes = [device_dtype(d) for d in out_dtypes]
         self.block_threads, self.rows_per_block = block_threads, rows_per_block
 
     def run(self, inputs: Sequence) -> list:
-        """Outputs (CuPy arrays) for inputs (NumPy or CuPy arrays)."""
+        """Outputs (CuPy arrays) for inputs (NumPy or CuPy arrays); bfloat16
+        tensors in and out as uint16 bits (`device_dtype`)."""
         cp = self._cupy
         arrays = [cp.ascontiguousarray(cp.asarray(a)) for a in inputs]
         for i, (a, want) in enumerate(zip(arrays, self.in_dtypes)):
