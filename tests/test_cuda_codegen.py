@@ -152,6 +152,16 @@ def test_layernorm_neither_contracts_nor_flushes_denormals():
 
 
 @needs_nvrtc
+def test_cubins_are_cached_by_source_arch_and_options():
+    source = generate_cuda(PATTERNS["softmax_128"].cluster).source
+    path = nvrtc.cached_cubin(source, "sm_90", gpu_printer.NVRTC_OPTIONS)
+    assert path.read_bytes()[:4] == b"\x7fELF"
+    assert nvrtc.cached_cubin(source, "sm_90", gpu_printer.NVRTC_OPTIONS) == path
+    assert nvrtc.cached_cubin(source, "sm_80", gpu_printer.NVRTC_OPTIONS) != path
+    assert nvrtc.cached_cubin(source, "sm_90", ("--std=c++17",)) != path
+
+
+@needs_nvrtc
 def test_nvrtc_errors_carry_the_compiler_log():
     with pytest.raises(nvrtc.CudaCompileError, match="undefined_name"):
         nvrtc.compile_ptx('extern "C" __global__ void k() { undefined_name(); }', "sm_80")

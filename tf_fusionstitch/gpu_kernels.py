@@ -73,7 +73,7 @@ def load_cuda(cluster: ir.Cluster) -> CudaKernel:
     import cupy
     generated = generate_cuda(cluster)
     arch = "sm_" + cupy.cuda.Device().compute_capability
-    cubin = nvrtc.compile_cubin(generated.source, arch, NVRTC_OPTIONS)
+    cubin = nvrtc.cached_cubin(generated.source, arch, NVRTC_OPTIONS)
     c = generated.plan.schedule.cluster
     types = c.types()
     m = generated.plan.mapping

@@ -4,7 +4,8 @@ The host side is the CPU kernel's shape function: `HostShape` loads a shared
 object exporting `fs_shape` (built from `GeneratedCudaKernel.host_source`)
 and turns input shapes into output shapes, run-time extents and the number
 of work items. `CudaKernel` loads a cubin that NVRTC built with the
-project's options (runtime/nvrtc.py) through `cupy.RawModule(path=...)`,
+project's options (runtime/nvrtc.py, cached like CPU kernels) through
+`cupy.RawModule(path=...)`,
 which needs a GPU and its driver, allocates outputs and launches blocks over
 the work items, splitting grids larger than CUDA allows. It does not hand
 the source to `RawModule(code=...)`: CuPy then appends -ftz=true, which
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import tempfile
 from typing import Sequence
 
 import numpy as np
@@ -79,17 +79,12 @@ def launches(work: int, rows_per_block: int) -> list:
 class CudaKernel:
     """A CUDA kernel of docs/KERNEL_ABI.md loaded on the current GPU."""
 
-    def __init__(self, cubin: bytes, host: HostShape, in_dtypes: Sequence, out_dtypes: Sequence,
-                 block_threads: int, rows_per_block: int):
+    def __init__(self, cubin_path: str | os.PathLike, host: HostShape, in_dtypes: Sequence,
+                 out_dtypes: Sequence, block_threads: int, rows_per_block: int):
         import cupy  # the caller checked that CuPy and a GPU exist
         self._cupy = cupy
-        # RawModule reads the file when the function is first looked up; the
-        # directory lives as long as this object anyway.
-        self._dir = tempfile.TemporaryDirectory(prefix="tf_fusionstitch-cubin-")
-        path = os.path.join(self._dir.name, "kernel.cubin")
-        with open(path, "wb") as f:
-            f.write(cubin)
-        self._fn = cupy.RawModule(path=path).get_function("fs_kernel")  # docs/KERNEL_ABI.md
+        module = cupy.RawModule(path=os.fspath(cubin_path))
+        self._fn = module.get_function("fs_kernel")  # docs/KERNEL_ABI.md
         self.host = host
         self.in_dtypes = [device_dtype(d) for d in in_dtypes]
         self.out_dtypes = [device_dtype(d) for d in out_dtypes]

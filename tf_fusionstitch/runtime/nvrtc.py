@@ -11,11 +11,14 @@ architecture and reports registers, shared memory and spills per kernel.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import re
 import shutil
 import subprocess
 import tempfile
 from typing import Optional, Sequence
+
+from tf_fusionstitch.runtime import cache
 
 
 class NvrtcUnavailable(RuntimeError):
@@ -45,6 +48,23 @@ def compile_cubin(source: str, arch: str, options: Sequence[str] = (),
                   name: str = "kernel.cu") -> bytes:
     """SASS (a cubin) of `source` for `arch`, assembled by NVRTC itself."""
     return _compile(source, f"-arch=sm_{_number(arch)}", options, name, cubin=True)
+
+
+def cached_cubin(source: str, arch: str, options: Sequence[str] = ()) -> pathlib.Path:
+    """Path of the cubin of `source` for `arch` in the kernel cache
+    (runtime/cache.py), keyed by source, architecture, options and the NVRTC
+    version; built once across processes."""
+    version = nvrtc_version()
+    if version is None:
+        raise NvrtcUnavailable("NVRTC cannot be loaded: pip install cupy-cuda12x "
+                               "nvidia-cuda-nvrtc-cu12 (the `cuda` extra)")
+    sm = f"sm_{_number(arch)}"
+    key = cache.content_key("cuda-cubin-v1", source, sm, "\0".join(options),
+                            "nvrtc %d.%d" % version)
+
+    def build(out_path: pathlib.Path) -> None:
+        out_path.write_bytes(compile_cubin(source, sm, options))
+    return cache.get_or_build(key, ".cubin", build)
 
 
 def _number(arch: str) -> str:
