@@ -5,7 +5,8 @@ fusion_ir.py) over a dynamic batch dimension, so one kernel serves every row
 count. `reference` computes in float64 from the same float32 inputs; `rtol`
 and `atol` are the per-pattern tolerances the numerics contract allows for a
 float32 kernel (reductions: bounded by the sum of magnitudes). Used by the
-CUDA checks and their tool. TF-free.
+CUDA checks and their tool, with `random_inputs` and `max_error` for any
+other cluster. TF-free.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Callable, Dict, List
 import numpy as np
 
 from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch.runtime.cpu_kernel import as_dtype
+from tf_fusionstitch.schedule import build_schedule
 
 T, op = ir.TensorType, ir.make_op
 N = None
@@ -165,6 +168,41 @@ def bn_inference_relu(channels: int, hw: int = 7) -> Pattern:
                                       _normal(rng, channels), _normal(rng, channels),
                                       np.abs(_normal(rng, channels)) + 0.1],
                    ref, rtol=1e-5, atol=1e-5)
+
+
+def random_inputs(cluster: ir.Cluster, rows: int, rng: np.random.Generator) -> List[np.ndarray]:
+    """Inputs whose dynamic dimensions are `rows`, except where the cluster
+    ties a dimension to an axis of known extent."""
+    sched = build_schedule(cluster)
+    out = []
+    for name, t in cluster.inputs:
+        axes = sched.dim_axes[name]
+        shape = tuple(d if d is not None else
+                      (sched.static_extent[a] if a is not None
+                       and sched.static_extent[a] is not None else rows)
+                      for d, a in zip(t.shape, axes))
+        if t.dtype == "bool":
+            out.append(rng.random(shape) < 0.5)
+        elif t.dtype in ir.INT_DTYPES:
+            out.append(rng.integers(-100, 100, shape).astype(t.dtype))
+        else:
+            out.append(rng.standard_normal(shape).astype(as_dtype(t.dtype)))
+    return out
+
+
+def max_error(got, want, rtol: float, atol: float) -> tuple:
+    """(largest |got - want|, within tolerance); NaNs must sit in the same places."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return float("inf"), False
+    nan = np.isnan(want)
+    if not np.array_equal(np.isnan(got), nan):
+        return float("inf"), False
+    with np.errstate(invalid="ignore"):  # equal infinities differ by nothing
+        diff = np.where(got == want, 0.0, np.abs(got - want))[~nan]
+        bound = atol + rtol * np.abs(want[~nan])
+    err = float(diff.max(initial=0.0))
+    return err, bool(np.all((diff == 0) | (diff <= bound)))
 
 
 def standard_patterns() -> Dict[str, Pattern]:

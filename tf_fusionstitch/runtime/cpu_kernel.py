@@ -159,7 +159,9 @@ class CpuKernel:
             raise ValueError(f"kernel takes {meta.n_in} inputs, got {len(inputs)}")
         arrays = []
         for i, x in enumerate(inputs):
-            a = np.ascontiguousarray(x)  # the ABI wants dense row-major buffers
+            # Dense row-major buffers, as the ABI wants; asarray keeps a rank-0
+            # input rank 0 (ascontiguousarray would make it 1-d).
+            a = np.asarray(x, order="C")
             if not _matches(meta.in_dtypes[i], a.dtype):
                 raise TypeError(f"input {i} has dtype {a.dtype}, the kernel takes "
                                 f"{meta.in_dtypes[i]}")

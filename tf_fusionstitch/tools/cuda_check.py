@@ -25,7 +25,7 @@ from tf_fusionstitch.gpu_occupancy import SM_LIMITS, occupancy
 from tf_fusionstitch.gpu_schedule import plan_gpu
 from tf_fusionstitch.kernels import build_cpu_kernel
 from tf_fusionstitch.runtime import nvrtc
-from tf_fusionstitch.runtime.cpu_kernel import CpuKernel, as_dtype
+from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
 from tf_fusionstitch.schedule import UnsupportedCluster, build_schedule
 
 FLAGS = flags.FLAGS
@@ -36,33 +36,6 @@ flags.DEFINE_list("rows", ["0", "1", "13", "37"], "Extents of the dynamic dimens
 flags.DEFINE_float("rtol", 1e-4, "Relative tolerance against the CPU kernel (spec files).")
 flags.DEFINE_float("atol", 1e-5, "Absolute tolerance against the CPU kernel (spec files).")
 flags.DEFINE_integer("seed", 0, "Seed of the random inputs.")
-
-
-def random_inputs(cluster, rows, rng):
-    out = []
-    for _, t in cluster.inputs:
-        shape = tuple(rows if d is None else d for d in t.shape)
-        if t.dtype == "bool":
-            out.append(rng.random(shape) < 0.5)
-        elif t.dtype in ir.INT_DTYPES:
-            out.append(rng.integers(-100, 100, shape).astype(t.dtype))
-        else:
-            out.append(rng.standard_normal(shape).astype(as_dtype(t.dtype)))
-    return out
-
-
-def max_error(got, want, rtol, atol):
-    """(largest |got - want|, within tolerance); NaNs must sit in the same places."""
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    if got.shape != want.shape:
-        return float("inf"), False
-    nan = np.isnan(want)
-    if not np.array_equal(np.isnan(got), nan):
-        return float("inf"), False
-    diff = np.abs(got - want)[~nan]
-    err = float(diff.max(initial=0.0))
-    ok = bool(np.all(diff <= atol + rtol * np.abs(want[~nan])))
-    return err, ok
 
 
 def check(name, cluster, reference, rtol, atol, rows, archs, rng):
@@ -89,10 +62,10 @@ def check(name, cluster, reference, rtol, atol, rows, archs, rng):
             inputs = reference.make_inputs(rng, n)
             wanted = reference.reference(inputs)
         else:
-            inputs = random_inputs(cluster, n, rng)
+            inputs = patterns.random_inputs(cluster, n, rng)
             wanted = cpu.run(inputs)
         for got, want in zip(emulated.run(inputs, threads=2, forward=True), wanted):
-            err, good = max_error(got, want, rtol, atol)
+            err, good = patterns.max_error(got, want, rtol, atol)
             row["error"], row["ok"] = max(row["error"], err), row["ok"] and good
     return row
 
