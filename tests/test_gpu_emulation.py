@@ -214,6 +214,24 @@ def test_sixteen_bit_floats_load_and_store_as_such_and_compute_in_float32(dtype)
     np.testing.assert_allclose(y.astype(np.float32), y32, rtol=tol, atol=tol * 2 ** -14)
 
 
+def test_dynamic_dimensions_broadcast_at_run_time_as_in_tf():
+    """x or y of one row at run time broadcast with stride 0 (ext flags)."""
+    c = ir.Cluster((("x", T("float32", (N, 40))), ("y", T("float32", (N, 40))),
+                    ("z", T("float32", (6, 40)))), (
+        op("a", "add", ["x", "y"], T("float32", (N, 40))),
+        op("s", "reduce_sum", ["a"], T("float32", (N, 1)), axes=[1], keep_dims=True),
+        op("b", "mul", ["a", "z"], T("float32", (6, 40))),
+        op("o", "sub", ["b", "s"], T("float32", (6, 40)))), ("o",))
+    rng = np.random.default_rng(9)
+    z = rng.standard_normal((6, 40)).astype(np.float32)
+    for nx, ny in ((6, 6), (1, 6), (6, 1), (1, 1)):
+        x = rng.standard_normal((nx, 40)).astype(np.float32)
+        y = rng.standard_normal((ny, 40)).astype(np.float32)
+        (o,) = emulate(c, [x, y, z])
+        a = x + y
+        np.testing.assert_allclose(o, a * z - a.sum(1, keepdims=True), rtol=1e-5, atol=1e-5)
+
+
 # -- the emulation notices broken synchronisation ---------------------------
 
 def _without(monkeypatch, drop):
