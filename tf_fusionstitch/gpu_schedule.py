@@ -30,7 +30,6 @@ import dataclasses
 import math
 from typing import Optional
 
-from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.codegen import kernel_ir
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE, Schedule
 
