@@ -173,6 +173,43 @@ class OracleSelfTest(tf.test.TestCase):
         pushed = a * (np.float32(7) * r)                     # TF's constant folding
         self.assertFalse(fg.check_value(env["n3"], pushed).bad.any())
 
+    def test_float16_sums_re_paired_by_shape(self):
+        # The arithmetic optimizer re-pairs a tree of Adds by operand shape, in
+        # float16 too: (x + y) + z with x, z of one shape runs as (x + z) + y
+        # (soak --seed=20261130 graphs 2573, 2586). Both pairings are inside.
+        case = self._case([{"name": "n0", "op": "AddV2", "inputs": ["x", "y"], "attrs": {}},
+                           {"name": "n1", "op": "AddV2", "inputs": ["n0", "z"], "attrs": {}}],
+                          [{"name": "x", "dtype": "float16", "shape": [8]},
+                           {"name": "y", "dtype": "float16", "shape": [2, 8]},
+                           {"name": "z", "dtype": "float16", "shape": [8]}], ["n1"])
+        rng = np.random.default_rng(0)
+        x = (rng.standard_normal(8) * 3).astype(np.float16)
+        y = (rng.standard_normal((2, 8)) * 3).astype(np.float16)
+        z = rng.standard_normal(8).astype(np.float16)
+        iv = fg.evaluate(case, [x, y, z])["n1"]
+        graph_order, re_paired = (x + y) + z, (x + z) + y
+        self.assertTrue(np.any(graph_order != re_paired))
+        self.assertFalse(fg.check_value(iv, graph_order).bad.any())
+        self.assertFalse(fg.check_value(iv, re_paired).bad.any())
+        ulp = np.spacing(np.maximum(np.abs(x + y), np.abs(x + z))).astype(np.float64)
+        self.assertTrue(np.all(iv.hi - iv.lo <= np.abs(graph_order - re_paired) + 4 * ulp))
+
+    def test_maximum_of_scaled_self_is_leaky_relu(self):
+        # The remapper fuses Maximum(x, x * a) into LeakyRelu(x, a) checking only
+        # a >= 0: for a > 1 TF returns min(x, a x) (float32/bfloat16; soak
+        # --seed=20261129 graph 19514, x / 0.5). float64 keeps the Maximum.
+        x = np.array([1.5, -2.0, 3.0, 0.0], np.float32)
+        for dtype, want in (("float32", [1.5, -4.0, 3.0, 0.0]), ("float64", [3.0, -2.0, 6.0, 0.0])):
+            case = self._case([{"name": "n0", "op": "RealDiv", "inputs": ["x", {"const": 0.5}],
+                                "attrs": {}},
+                               {"name": "n1", "op": "Maximum", "inputs": ["x", "n0"], "attrs": {}}],
+                              [{"name": "x", "dtype": dtype, "shape": [4]}], ["n1"])
+            iv = fg.evaluate(case, [x.astype(dtype)])["n1"]
+            self.assertFalse(fg.check_value(iv, np.array(want, dtype)).bad.any())
+            other = np.maximum(x, 2 * x) if dtype == "float32" else np.minimum(x, 2 * x)
+            self.assertEqual(list(fg.check_value(iv, other.astype(dtype)).bad),
+                             [True, True, True, False])
+
     def test_reciprocal_near_smallest_normal(self):
         # TF's vectorised float reciprocal (rcp estimate + one Newton step) loses
         # the Newton correction to FTZ once it is below FLT_MIN (soak

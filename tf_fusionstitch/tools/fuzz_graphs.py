@@ -1081,6 +1081,7 @@ def grappler_rewrites(case) -> list:
     - LogicalNot(Less(a, b)) -> GreaterEqual(a, b), etc. (differs for NaN);
     - Reciprocal(Reciprocal(x)) -> x (differs where 1/x overflows or flushes);
     - Log(Softmax(x)) -> LogSoftmax(x) (no underflow to log(0) = -inf);
+    - Maximum(x, x * a) -> LeakyRelu(x, a) (`_leaky_relu`: min for a > 1);
     each only where the inner op has no other consumer and is not an output;
     - float32/float64 x / c -> x * (1 / c) and the reassociation of trees of
       + - (or of *) ops (`_reassociate`).
@@ -1117,6 +1118,9 @@ def grappler_rewrites(case) -> list:
             node = dict(node, op="Identity", inputs=[by_name[ins[0]]["inputs"][0]], attrs={})
         elif op == "Log" and sole(ins[0], ("Softmax",)):
             node = dict(node, op="LogSoftmax", inputs=[by_name[ins[0]]["inputs"][0]], attrs={})
+        elif op == "Maximum" and _leaky_relu(node, by_name, consumers, types):
+            x, alpha = _leaky_relu(node, by_name, consumers, types)
+            node = dict(node, op="LeakyRelu", inputs=[x], attrs={"alpha": alpha})
         elif op in ("RealDiv", "Div") and isinstance(ins[1], dict) and isinstance(ins[0], str) \
                 and types[node["name"]][0] in _REASSOCIATED:
             # constant folding's ReduceDivToReciprocalMul (before it pushes
@@ -1125,6 +1129,37 @@ def grappler_rewrites(case) -> list:
             node = dict(node, op="Mul", inputs=[ins[0], {"const": r}], attrs={})
         out.append(node)
     return _reassociate(out, case["outputs"], types)
+
+
+def _leaky_relu(node, by_name, consumers, types) -> Optional[tuple]:
+    """(x, alpha) where the remapper (FindMulAndMaximum, remapper.cc) fuses
+    Maximum(x, x * alpha) into LeakyRelu(x, alpha) = x > 0 ? x : alpha * x.
+    It checks only alpha >= 0, so for alpha > 1 TF returns min(x, alpha * x)
+    (a TF bug; TF defines the reference), and for alpha = 0, LeakyRelu(+inf) is
+    inf where max(inf, 0 * inf) is NaN. The product may be x / c, which
+    constant folding made x * (1/c) first. Measured: float32 and bfloat16 only
+    (float16 and float64 keep the Maximum); the inner op has no other consumer."""
+    d = types[node["name"]][0]
+    if d not in ("float32", "bfloat16") or not all(isinstance(r, str) for r in node["inputs"]):
+        return None
+    for m_ref, x in (node["inputs"], node["inputs"][::-1]):
+        m = by_name.get(m_ref)
+        if m is None or consumers.get(m_ref) != 1 or len(m["inputs"]) != 2:
+            continue
+        a, b = m["inputs"]
+        if m["op"] == "Mul" and (a, b) != (x, x):
+            alpha = b if a == x else a if b == x else None
+            if isinstance(alpha, dict):
+                alpha = float(alpha["const"])
+            else:
+                continue
+        elif m["op"] in ("RealDiv", "Div") and a == x and isinstance(b, dict):
+            alpha = _fold("RealDiv", 1.0, b["const"], d)
+        else:
+            continue
+        if alpha >= 0:
+            return x, alpha
+    return None
 
 
 _REASSOCIATED = ("float32", "float64")
@@ -1351,6 +1386,10 @@ class _Oracle:
             return self.binary("AddV2", ins[0], b)
         if op == "Cast":
             return self.cast(ins[0], a["to"])
+        if op == "LeakyRelu":   # x > 0 ? x : alpha * x, increasing for alpha >= 0
+            alpha = a["alpha"]
+            lo, hi, unk = _corners(lambda t: np.where(t > 0, t, alpha * t), [ins[0]])
+            return _finish(d, lo, hi, unk)
         if op == "Hull":        # one of several results (grappler_rewrites): their union
             either = _bool_iv(np.zeros(ins[0].shape), np.ones(ins[0].shape))
             v = ins[0]
