@@ -210,6 +210,24 @@ class OracleSelfTest(tf.test.TestCase):
             self.assertEqual(list(fg.check_value(iv, other.astype(dtype)).bad),
                              [True, True, True, False])
 
+    def test_float64_sum_keeps_small_values(self):
+        # A Sum over one element returns it as it is, a float64 denormal too
+        # (--seed=20261129 graph 5276); the oracle's sum was formed scaled by
+        # 2^-64 and flushed it. Scaling is kept for sums that overflow unscaled.
+        case = self._case([{"name": "n0", "op": "Sum", "inputs": ["x"],
+                            "attrs": {"axis": [1], "keep_dims": False}}],
+                          [{"name": "x", "dtype": "float64", "shape": [3, 1]}], ["n0"])
+        x = np.array([[-2.0 ** -1024], [3.0 * 2.0 ** -1000], [1e308]])
+        iv = fg.evaluate(case, [x])["n0"]
+        self.assertFalse(fg.check_value(iv, x[:, 0]).bad.any())
+        self.assertTrue(fg.check_value(iv, np.zeros(3)).bad[1:].all())   # not a denormal
+        case["inputs"][0]["shape"] = [1, 3]
+        case["nodes"][0]["attrs"]["axis"] = [1]
+        big = np.array([[1.5e308, 1.5e308, -1.4e308]])    # 1.6e308, or inf in some order
+        iv = fg.evaluate(case, [big])["n0"]
+        self.assertFalse(fg.check_value(iv, np.array([1.6e308])).bad.any())
+        self.assertFalse(fg.check_value(iv, np.array([np.inf])).bad.any())
+
     def test_reciprocal_near_smallest_normal(self):
         # TF's vectorised float reciprocal (rcp estimate + one Newton step) loses
         # the Newton correction to FTZ once it is below FLT_MIN (soak

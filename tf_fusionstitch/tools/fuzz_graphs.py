@@ -1760,27 +1760,22 @@ class _Oracle:
             if op in ("Sum", "Mean"):
                 # |error| <= (n + 2) eps sum|x| for any summation order
                 # (test_optimize_ops' reduction bound), eps = 2u of the dtype.
-                # float64 sums are formed scaled down, so that the oracle's own sum
-                # does not overflow where the exact one is finite
-                sc = 2.0 ** -64 if d == "float64" else 1.0
-                lo = np.sum(x.lo * sc, axis=ax, keepdims=keep) / sc
-                hi = np.sum(x.hi * sc, axis=ax, keepdims=keep) / sc
+                # float64 sums that overflow in the oracle's own order are formed
+                # again scaled down, where the exact sum may be finite (`_fsum`)
+                lo, hi = _fsum(x.lo, ax, keep), _fsum(x.hi, ax, keep)
                 mag = np.maximum(np.abs(x.lo), np.abs(x.hi))
-                mag = np.sum(np.where(np.isfinite(mag), mag * sc, 0.0), axis=ax,
-                             keepdims=keep)
-                bound = (n + 2) * 2 * U[d] * mag / sc      # may be inf: then so is the slack
+                mag = _fsum(np.where(np.isfinite(mag), mag, 0.0), ax, keep)
+                bound = (n + 2) * 2 * U[d] * mag      # may be inf: then so is the slack
                 if op == "Mean":
-                    lo = np.sum(x.lo * sc, axis=ax, keepdims=keep) / n / sc if n else lo / n
-                    hi = np.sum(x.hi * sc, axis=ax, keepdims=keep) / n / sc if n else hi / n
+                    lo = _fsum(x.lo, ax, keep, n) if n else lo / n
+                    hi = _fsum(x.hi, ax, keep, n) if n else hi / n
                     bound = bound / n if n else bound
                     bound = bound + 2 * U[d] * np.maximum(np.abs(lo), np.abs(hi))
                 # inf + -inf (NaN) may happen if some element can be +inf and one
                 # -inf, or if partial sums can overflow both ways (order-dependent)
                 big = _max_finite(d)
-                pos = np.sum(np.where(np.isfinite(x.hi), np.maximum(x.hi, 0) * sc, 0), ax,
-                             keepdims=keep) / sc
-                neg = np.sum(np.where(np.isfinite(x.lo), np.minimum(x.lo, 0) * sc, 0), ax,
-                             keepdims=keep) / sc
+                pos = _fsum(np.where(np.isfinite(x.hi), np.maximum(x.hi, 0), 0), ax, keep)
+                neg = _fsum(np.where(np.isfinite(x.lo), np.minimum(x.lo, 0), 0), ax, keep)
                 # partial sums beyond the dtype's range (bfloat16's is float32's, so
                 # float32 accumulation overflows too) may give +-inf in some order
                 hi = np.where((pos > big) & ~np.isnan(hi), np.inf, hi)
@@ -1884,6 +1879,19 @@ class _Oracle:
         hi = np.where(nan_row, np.nan, hi)
         unk = np.broadcast_to(bad, x.shape).copy()
         return _finish(d, lo, hi, unk)
+
+
+def _fsum(a, ax, keep, div=1):
+    """sum(a) / div in float64. Where that overflows, the sum is formed again
+    scaled by 2^-64 (a float64 sum may be finite where the oracle's order
+    overflows). Not scaled otherwise: scaling first would flush values below
+    2^-958 (float64 denormals, which TF's Sum over one element returns as they
+    are: --seed=20261129 graphs 5276, 9635, 13690, 14688)."""
+    with np.errstate(all="ignore"):
+        s = np.sum(a, axis=ax, keepdims=keep)
+        sc = 2.0 ** -64
+        scaled = np.sum(a * sc, axis=ax, keepdims=keep) / div / sc
+        return np.where(np.isfinite(s), s / div, scaled)
 
 
 def _logsumexp_others(d: np.ndarray) -> np.ndarray:
