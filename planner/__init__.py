@@ -7,8 +7,8 @@ plans for a TensorFlow training step over a cost model, and write the plan into 
     print(plan)                       # mesh, split variables, stages, predicted step time
     placed = plan.apply(graph_def)    # NodeDef.device strings per stage
 
-Only `graph_import` and `reference_models` import TensorFlow (lazily, from `search`); the IR,
-cost model, strategies and searches are TF-free.
+Only `graph_import`, `reference_models` and the DQN's networks import TensorFlow (lazily, from
+`search` and `method="dqn"`); the IR, cost model, strategies and other searches are TF-free.
 """
 
 from tf_fusionstitch.planner.cluster import PRESETS, ClusterSpec, get_cluster
@@ -25,9 +25,7 @@ def _check(strategy, method):
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
     if method not in METHODS:
-        hint = " (the DQN search is a later issue)" if method == "dqn" else ""
-        raise ValueError(f"unknown search method {method!r}{hint}; use one of "
-                         f"{', '.join(METHODS)}")
+        raise ValueError(f"unknown search method {method!r}; use one of {', '.join(METHODS)}")
 
 
 def search_graph(graph, cluster="8xH200", strategy="auto", method="greedy", budget=None,
@@ -50,7 +48,9 @@ def search(fn, example_inputs, cluster="8xH200", strategy="auto", method="greedy
     strategy: "data" (replicas only), "operator" (operator partitioning over all devices),
       "pipeline" (stages over all devices), or "auto" (every product d x t x p = devices).
     method: "exhaustive" (small spaces), "dp" (dynamic programming over pipeline cuts),
-      "greedy" or "random"; budget caps cost-model calls; seed drives "random".
+      "greedy", "random", "annealing" (simulated annealing) or "dqn" (double DQN with
+      task-specific pruning; imports TensorFlow); budget caps cost-model calls (distinct
+      plans priced); seed drives "random", "annealing" and "dqn" (same seed, same plan).
     variables: extra tf.Variables the function uses only through raw handles.
     Returns a `Plan` (its `cost_model_calls` says what the search used).
     """

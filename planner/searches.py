@@ -1,4 +1,5 @@
-"""Searches over one `strategies.PlanEnv`: exhaustive, dynamic programming, greedy, random.
+"""Searches over one `strategies.PlanEnv`: exhaustive, dynamic programming, greedy, random,
+and (in their own modules) simulated annealing and the DQN.
 
 TF-free. Each returns (Plan, cost-model calls used). `budget` caps cost-model calls (cache
 misses); exhaustive refuses a space larger than its budget rather than silently truncate.
@@ -11,8 +12,9 @@ import random as random_lib
 from tf_fusionstitch.planner import cost_model as cm
 from tf_fusionstitch.planner import plan as plan_lib
 
-METHODS = ("exhaustive", "dp", "greedy", "random")
-DEFAULT_BUDGET = {"exhaustive": 5000, "dp": 2000, "greedy": 2000, "random": 200}
+METHODS = ("exhaustive", "dp", "greedy", "random", "annealing", "dqn")
+DEFAULT_BUDGET = {"exhaustive": 5000, "dp": 2000, "greedy": 2000, "random": 200,
+                  "annealing": 300, "dqn": 300}
 
 
 def make_plan(env, config, method):
@@ -258,17 +260,27 @@ def _split_sets(env, t, limit=64):
     return [frozenset({u}) for u in singles] + ([frozenset(grown)] if len(grown) > 1 else [])
 
 
-SEARCHES = {"exhaustive": exhaustive, "dp": dp, "greedy": greedy, "random": random}
+def _annealing(env, budget=None, seed=0):
+    from tf_fusionstitch.planner import annealing
+    return annealing.annealing(env, budget or DEFAULT_BUDGET["annealing"], seed)
+
+
+def _dqn(env, budget=None, seed=0):
+    from tf_fusionstitch.planner import dqn   # imports TensorFlow: only when asked for
+    return dqn.dqn(env, budget or DEFAULT_BUDGET["dqn"], seed)
+
+
+SEARCHES = {"exhaustive": exhaustive, "dp": dp, "greedy": greedy, "random": random,
+            "annealing": _annealing, "dqn": _dqn}
+SEEDED = ("random", "annealing", "dqn")
 
 
 def run(env, method, budget=None, seed=0):
     """Runs search `method` on `env`; returns (Plan, cost-model calls used)."""
     if method not in SEARCHES:
-        hint = " (the DQN search is a later issue)" if method == "dqn" else ""
-        raise ValueError(f"unknown search method {method!r}{hint}; use one of "
-                         f"{', '.join(METHODS)}")
+        raise ValueError(f"unknown search method {method!r}; use one of {', '.join(METHODS)}")
     if budget is not None and (not isinstance(budget, int) or budget < 1):
         raise ValueError(f"budget must be a positive integer (cost-model calls), got {budget!r}")
-    if method == "random":
-        return random(env, budget, seed)
+    if method in SEEDED:
+        return SEARCHES[method](env, budget, seed)
     return SEARCHES[method](env, budget)

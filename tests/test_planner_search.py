@@ -118,8 +118,6 @@ class EnvironmentAndSearchTest(tf.test.TestCase):
             planner.search_graph(self.graph, "2xA100", "tensor")
         with self.assertRaisesRegex(ValueError, "unknown search method 'anneal'.*exhaustive"):
             planner.search_graph(self.graph, "2xA100", "auto", "anneal")
-        with self.assertRaisesRegex(ValueError, "dqn.*later issue"):
-            planner.search(lambda x: x, [tf.zeros([2])], method="dqn")
         with self.assertRaisesRegex(ValueError, "budget"):
             planner.search_graph(self.graph, "2xA100", "auto", "greedy", budget=0)
         with self.assertRaisesRegex(ValueError, "divisible by 3"):
