@@ -138,6 +138,19 @@ class OracleSelfTest(tf.test.TestCase):
         self.assertEqual(list(env["n0"].lo), [-2, -2])     # wraps, as TF's Eigen kernels do
         self.assertEqual(int(env["n1"].lo), 2 ** 31 - 1)   # TF's int32 mean does not wrap
 
+    def test_int64_mean_of_int64_min_sum(self):
+        # a sum of exactly INT64_MIN: truncating division without |INT64_MIN|
+        # (--seed=20261129 graph 13737: TF -2^60, the oracle said +2^60)
+        case = self._case([{"name": "n0", "op": "Mean", "inputs": ["x"],
+                            "attrs": {"axis": [1], "keep_dims": False}}],
+                          [{"name": "x", "dtype": "int64", "shape": [2, 8]}], ["n0"])
+        x = np.zeros((2, 8), np.int64)
+        x[0, :2] = -2 ** 62
+        x[1, :3] = [-7, -2 ** 62, -2 ** 62 + 7]
+        iv = fg.evaluate(case, [x])["n0"]
+        self.assertEqual(list(iv.lo), [-2 ** 60, -2 ** 60])
+        self.assertEqual(list(iv.lo), list(tf.reduce_mean(tf.constant(x), axis=1).numpy()))
+
     def test_constant_push_down_reassociates(self):
         # Grappler's ConstantPushDown: (a + b) - 2 runs as a + (b - 2) or b + (a - 2),
         # x * 7 / c as x * (7 * (1/c)) (soak --seed=20261129 graph 505). Every

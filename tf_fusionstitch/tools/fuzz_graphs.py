@@ -1746,8 +1746,10 @@ class _Oracle:
                     # Mean: TF's int32 mean is exact (it does not wrap: measured), int64's
                     # sum wraps; then C++ integer division (truncation toward zero).
                     s = np.sum(v.astype(np.int64), axis=ax, keepdims=keep, dtype=np.int64)
-                    q = np.abs(s) // max(n, 1)
-                    out = np.where(s < 0, -q, q)
+                    # (floor division, then toward zero: |INT64_MIN| does not exist,
+                    # --seed=20261129 graph 13737)
+                    q = np.floor_divide(s, max(n, 1))
+                    out = np.where((s < 0) & (q * max(n, 1) != s), q + 1, q)
             return _int_iv(d, np.asarray(out).astype(d), unk)
         with np.errstate(all="ignore"):
             if op in ("Max", "Min"):
