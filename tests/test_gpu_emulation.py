@@ -67,6 +67,17 @@ def test_thread_per_row_softmax_across_block_boundaries(width):
         np.testing.assert_allclose(y, _np_softmax(x), rtol=2e-6, atol=1e-7)
 
 
+def test_layernorm_keeps_its_row_in_registers_and_reads_x_once():
+    """24 columns per lane, loops unrolled: the mean's loop loads x, the
+    variance and output loops read the lane's registers."""
+    plan = plan_gpu(build_schedule(PATTERNS["layernorm_768"].cluster))
+    assert (plan.cols_per_thread, plan.register_cached) == (24, ("v_x",))
+    source = gpu_printer.print_cuda(plan, 2)
+    assert source.count("t0[") == 1 and source.count("= rc_v_x[j];") == 2
+    # An exp in the loops: unrolled, its temporaries would cost more registers.
+    assert not plan_gpu(build_schedule(PATTERNS["softmax_3000"].cluster)).register_cached
+
+
 def test_softmax_keeps_exponentials_in_shared_memory_when_they_fit():
     plan = plan_gpu(build_schedule(PATTERNS["softmax_3000"].cluster))
     assert plan.kernel.buffers == {"v_e": "float32"} and not plan.dropped

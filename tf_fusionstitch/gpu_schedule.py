@@ -16,6 +16,11 @@ module decides how a CUDA block runs it (AStitch's adaptive mapping):
   barrier, and every thread combines the partials in the same order (block
   composition), so all threads hold the same result for the next loop.
 
+Where every row has the same static number of columns per thread (at most
+`MAX_COLS_PER_THREAD`), the column loops are unrolled and inputs that later
+loops read again stay in that thread's registers (`register_cached`, within
+`REGISTER_CACHE_WORDS`) instead of being loaded again.
+
 Values a later loop needs (schedule.buffered) live in shared memory when the
 row length is static and they fit; otherwise they are recomputed from the
 inputs (the paper's thread composition). Hoisted per-column values are
@@ -31,6 +36,7 @@ import math
 from typing import Optional
 
 from tf_fusionstitch.codegen import kernel_ir
+from tf_fusionstitch.fusion_ir import EXPENSIVE
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE, Schedule
 
 WARP = 32
@@ -46,6 +52,13 @@ MAX_ROWS_PER_BLOCK = 8              # 8 warps: 256 threads, like block-per-row
 # Static __shared__ memory of one block is capped at 48 KiB; keep 4 KiB for
 # the per-warp reduction partials and headroom.
 SMEM_BUDGET = 44 * 1024
+
+# Register-cached inputs need unrolled loops (arrays indexed by the unrolled
+# counter live in registers): at most this many columns per thread, and at
+# most this many 32-bit registers of cached values; with ~30 for the rest a
+# thread stays under 64 registers, half of an SM's warps resident.
+MAX_COLS_PER_THREAD = 24
+REGISTER_CACHE_WORDS = 24
 
 # Bytes of a value in its compute type (codegen/printer.py COMPUTE): 16-bit
 # floats compute, and are buffered, in float32.
@@ -76,6 +89,11 @@ class GpuPlan:
     kernel: kernel_ir.Kernel
     mapping: GpuMapping
     dropped: tuple               # why buffers/hoisting fell back, for reports
+    # Columns per thread when every row has the same static count (loops are
+    # then unrolled), else None; and the input values that loops after the
+    # first read from that thread's registers instead of memory.
+    cols_per_thread: Optional[int] = None
+    register_cached: tuple = ()
 
 
 def static_cols(s: Schedule) -> Optional[int]:
@@ -119,7 +137,38 @@ def plan_gpu(s: Schedule) -> GpuPlan:
     mapping = GpuMapping(kind, threads or rows * WARP, rows, cols)
     if not s.buffered and not s.hoisted:
         mapping = dataclasses.replace(mapping, smem_cols=None)
-    return GpuPlan(s, kernel_ir.lower(s), mapping, tuple(dropped))
+    kernel = kernel_ir.lower(s)
+    per_thread = None
+    if cols is not None and (not s.tiled or cols <= ELEMENTWISE_TILE):  # one item per row
+        per_thread = -(-cols // mapping.row_threads)
+        if per_thread > MAX_COLS_PER_THREAD:
+            per_thread = None
+    cached = _register_cached(kernel, per_thread) if per_thread else ()
+    if not cached:
+        per_thread = None  # nothing to keep: the compiler unrolls strided loops itself
+    return GpuPlan(s, kernel, mapping, tuple(dropped), per_thread, cached)
+
+
+def _register_cached(kernel: kernel_ir.Kernel, per_thread: int) -> tuple:
+    """Inputs loaded again in later loops, first come first, while their
+    per-thread registers fit REGISTER_CACHE_WORDS. Not where a loop that
+    reads them has an expensive op: unrolled, its temporaries (a libm call's
+    each column) cost more registers than the reload costs time (ptxas gave
+    a 5000-column log-softmax 68 registers)."""
+    loops_of: dict = {}
+    for k, body in enumerate(kernel.loops):
+        for st in body:
+            if isinstance(st, kernel_ir.Load):
+                loops_of.setdefault(st.dst, (st.dtype, set()))[1].add(k)
+    heavy = {k for k, body in enumerate(kernel.loops)
+             if any(isinstance(st, kernel_ir.Compute) and st.prim in EXPENSIVE for st in body)}
+    cached, words = [], 0
+    for name, (dtype, loops) in loops_of.items():
+        cost = per_thread * (2 if _COMPUTE_BYTES[dtype] == 8 else 1)
+        if len(loops) > 1 and not loops & heavy and words + cost <= REGISTER_CACHE_WORDS:
+            cached.append(name)
+            words += cost
+    return tuple(cached)
 
 
 def _why(cols: Optional[int]) -> str:

@@ -67,8 +67,17 @@ class _GpuBody(printer._Printer):
     def __init__(self, plan: GpuPlan, target: Target):
         super().__init__(plan.kernel, target)
         self.m = plan.mapping
+        self.per_thread = plan.cols_per_thread   # unrolled loops' trip count, or None
+        self.cached = set(plan.register_cached)
+        self.first_loop = {}                  # cached value -> the loop that loads it
+        for loop, body in enumerate(plan.kernel.loops):
+            for st in body:
+                if isinstance(st, k.Load) and st.dst in self.cached:
+                    self.first_loop.setdefault(st.dst, loop)
+        self.loop_index = None                # the column loop being printed
         self.parts: list = []                 # list[str] (code) or a sync point
         self.regs: Dict[str, str] = {}        # thread-scope value -> C type
+        self.reg_len: Dict[str, int] = {}     # thread-scope arrays -> elements
         self.reg_part: Dict[str, int] = {}    # thread-scope value -> part declaring it
         self.shared: List[tuple] = []         # (name, C type, elements)
         # This thread's rank among its row's threads, and its row's slot in the block.
@@ -92,7 +101,14 @@ class _GpuBody(printer._Printer):
 
     # -- statements --------------------------------------------------------
     def stmt(self, st, indent: int, in_loop: bool) -> None:
-        if isinstance(st, k.Store) and not in_loop:  # a row value: one thread writes it
+        if (isinstance(st, k.Load) and in_loop and st.dst in self.cached
+                and self.loop_index is not None):
+            if self.loop_index == self.first_loop[st.dst]:
+                super().stmt(st, indent, in_loop)
+                self.emit(f"rc_{st.dst}[j] = {st.dst};", indent)
+            else:  # the value this thread loaded for this column in an earlier loop
+                self.emit(f"const {COMPUTE[st.dtype]} {st.dst} = rc_{st.dst}[j];", indent)
+        elif isinstance(st, k.Store) and not in_loop:  # a row value: one thread writes it
             guard = "" if self.m.row_threads == 1 else f"if ({self.row_thread} == 0) "
             self.emit(f"{guard}t{st.tensor}[{self.index(st.tensor, False)}]"
                       f" = {self.store_value(st.src, st.dtype)};", indent)
@@ -171,9 +187,15 @@ class _GpuBody(printer._Printer):
             self.decl("int64_t", "col_lo", f"tile * {TILE}")
             self.decl("int64_t", "col_hi", f"n_cols - col_lo < {TILE} ? n_cols : col_lo + {TILE}")
             lo, hi = "col_lo", "col_hi"
+        for name in sorted(self.cached, key=self.first_loop.get):
+            ctype = COMPUTE[self.cached_dtype(name)]
+            self.emit(f"{ctype} rc_{name}[{self.per_thread}];", 0)
+            self.reg(f"rc_{name}", ctype)
+            self.reg_len[f"rc_{name}"] = self.per_thread
         for seg in range(len(kr.segments)):
             for st in kr.segments[seg]:
                 self.row_stmt(st)
+            self.loop_index = seg
             if seg < len(kr.loops):
                 accs = kr.accumulators[seg]
                 for a in accs:
@@ -182,7 +204,7 @@ class _GpuBody(printer._Printer):
                     if self.tracks_nan(a):
                         self.reg(f"n_{a.acc}", "int")
                 self.col_loop(kr.loops[seg], accs, 0, lo, hi, self.row_thread,
-                              m.row_threads)
+                              m.row_threads, unrolled=self.per_thread is not None)
                 if accs:
                     self.reduce(accs)
         self.parts.append(self.lines)
@@ -191,21 +213,46 @@ class _GpuBody(printer._Printer):
     def tracks_nan(a: k.Accumulate) -> bool:
         return a.kind in ("reduce_max", "reduce_min") and a.dtype in printer.ir.FLOAT_DTYPES
 
-    def col_loop(self, stmts, accs, indent, lo, hi, first, step) -> None:
-        """The thread's columns: lo + first, then every `step`-th below hi."""
+    def cached_dtype(self, name: str) -> str:
+        for body in self.k.loops:
+            for st in body:
+                if isinstance(st, k.Load) and st.dst == name:
+                    return st.dtype
+        raise KeyError(name)
+
+    def col_loop(self, stmts, accs, indent, lo, hi, first, step, unrolled=False) -> None:
+        """The thread's columns: lo + first, then every `step`-th below hi.
+        `unrolled`: the per_thread columns by a counter j, unrolled, so that
+        arrays indexed by j (register-cached inputs) stay in registers."""
         e = self.emit
         start = lo if first == "0" else f"{lo} + {first}"
-        e(f"for (int64_t cl = {start}; cl < {hi}; cl += {step}) {{", indent)
+        if unrolled:
+            if self.t.unroll_pragma:
+                e(self.t.unroll_pragma, indent)
+            e(f"for (int j = 0; j < {self.per_thread}; ++j) {{", indent)
+            e(f"const int64_t cl = {start} + (int64_t)j * {step};", indent + 1)
+            e(f"if (cl < {hi}) {{", indent + 1)
+            indent += 2
+        else:
+            e(f"for (int64_t cl = {start}; cl < {hi}; cl += {step}) {{", indent)
+            indent += 1
+        self.col_body(stmts, accs, indent)
+        if unrolled:
+            e("}", indent - 1)
+            indent -= 1
+        e("}", indent - 1)
+
+    def col_body(self, stmts, accs, indent) -> None:
+        e = self.emit
         groups = self.k.col_groups
         if len(groups) == 1:
-            e(f"const int64_t c{groups[0]} = cl;", indent + 1)
+            e(f"const int64_t c{groups[0]} = cl;", indent)
         elif groups:  # cl is row-major over the column groups
-            e("int64_t q = cl;", indent + 1)
+            e("int64_t q = cl;", indent)
             for g in reversed(groups[1:]):
-                e(f"const int64_t c{g} = q % g{g}; q /= g{g};", indent + 1)
-            e(f"const int64_t c{groups[0]} = q;", indent + 1)
-        self.body(stmts, accs, indent + 1)
-        e("}", indent)
+                e(f"const int64_t c{g} = q % g{g}; q /= g{g};", indent)
+            e(f"const int64_t c{groups[0]} = q;", indent)
+        self.body(stmts, accs, indent)
 
     def reduce(self, accs) -> None:
         """Warp xor tree, then (block per row) partials per warp through shared
@@ -321,6 +368,17 @@ def print_emulation(plan: GpuPlan, reverse_threads: bool = False) -> str:
         found = {n for n in b.regs if re.search(r"\b%s\b" % re.escape(n), text)}
         return found | set(phase.snapshot)
 
+    def restore_line(n: str) -> str:
+        if n in b.reg_len:  # a per-thread array (register-cached columns)
+            return (f"{b.regs[n]} {n}[{b.reg_len[n]}]; "
+                    f"for (int q_ = 0; q_ < {b.reg_len[n]}; ++q_) {n}[q_] = R_{n}[tid][q_];")
+        return f"{b.regs[n]} {n} = R_{n}[tid];"
+
+    def save_line(n: str) -> str:
+        if n in b.reg_len:
+            return f"for (int q_ = 0; q_ < {b.reg_len[n]}; ++q_) R_{n}[tid][q_] = {n}[q_];"
+        return f"R_{n}[tid] = {n};"
+
     used = [uses(p) for p in phases]
     crossing = set()
     body = []
@@ -337,9 +395,9 @@ def print_emulation(plan: GpuPlan, reverse_threads: bool = False) -> str:
         body.append(tid_loop)
         if phase.guarded:
             body.append("  if (!R_fs_active[tid]) continue;")
-        body += [f"  {b.regs[n]} {n} = R_{n}[tid];" for n in restore]
+        body += ["  " + restore_line(n) for n in restore]
         body += ["  " + line for line in phase.lines]
-        body += [f"  R_{n}[tid] = {n};" for n in save]
+        body += ["  " + save_line(n) for n in save]
         body.append("}")
     snap = sorted({r for p in phases for r in p.snapshot}, key=list(b.regs).index)
 
@@ -353,7 +411,8 @@ def print_emulation(plan: GpuPlan, reverse_threads: bool = False) -> str:
     out.append("  // One block's shared memory, then its threads' registers that cross phases.")
     out += [f"  {ctype} {name}[{count}];" for name, ctype, count in b.shared]
     out.append(f"  bool R_fs_active[{nt}] = {{}};")
-    out += [f"  {b.regs[n]} R_{n}[{nt}];" for n in b.regs if n in crossing]
+    out += [f"  {b.regs[n]} R_{n}[{nt}]" + (f"[{b.reg_len[n]}];" if n in b.reg_len else ";")
+            for n in b.regs if n in crossing]
     out += [f"  {b.regs[n]} S_{n}[{nt}];" for n in snap]
     out.append(f"  const int64_t n_blocks = end > begin ? (end - begin + {m.rows_per_block - 1})"
                f" / {m.rows_per_block} : 0;")

@@ -54,6 +54,7 @@ class Target:
     shared: str = ""            # prefix of a block's shared-memory array
     barrier: str = ""           # block-wide barrier statement
     shuffle_xor: str = ""       # warp exchange: {v} value, {off} lane mask
+    unroll_pragma: str = ""     # before a loop of static trip count to unroll fully
 
 
 CPP = Target(
@@ -115,6 +116,7 @@ CUDA = Target(
     shared="__shared__ ",
     barrier="__syncthreads();",
     shuffle_xor="__shfl_xor_sync(0xffffffffu, {v}, {off})",
+    unroll_pragma="#pragma unroll",
 )
 
 # SELU constants as TensorFlow defines them.
