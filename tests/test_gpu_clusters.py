@@ -1,6 +1,6 @@
 """Clusters the rewriter really makes, on the GPU target, without TensorFlow.
 
-tests/gpu_clusters/bert_c*.json are every cluster that optimize() builds for
+tests/gpu_clusters/bert_*.json are every cluster that optimize() builds for
 a small BERT-style encoder's inference call and train step (forward,
 backward, Keras Adam; collect_bert.py there regenerates them). Each must
 compile for CUDA without spills at half occupancy or better, and its
@@ -21,7 +21,7 @@ from tf_fusionstitch.runtime import nvrtc
 from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
 from tf_fusionstitch.schedule import build_schedule
 
-SPECS = sorted((pathlib.Path(__file__).parent / "gpu_clusters").glob("bert_c*.json"))
+SPECS = sorted((pathlib.Path(__file__).parent / "gpu_clusters").glob("bert_*.json"))
 
 
 def load(path):

@@ -8,9 +8,10 @@ them for CUDA and emulates them without TensorFlow. Regenerate with
 
   python tests/gpu_clusters/collect_bert.py
 
-(needs TensorFlow; replaces bert_c*.json).
+(needs TensorFlow; replaces bert_*.json, named by a hash of their content).
 """
 
+import hashlib
 import os
 import pathlib
 
@@ -29,15 +30,15 @@ SEQ, HIDDEN, HEADS, LAYERS, FFN = 32, 64, 4, 2, 256
 
 
 def main():
-    for old in OUT.glob("bert_c*.json"):
+    for old in OUT.glob("bert_*.json"):
         old.unlink()
     seen = {}
     build = kernels.build_cpu_kernel
 
     def recording(cluster, *args, **kwargs):  # every cluster optimize() compiles
         text = cluster.to_json()
-        if text not in seen:
-            seen[text] = f"bert_c{len(seen):03d}"
+        if text not in seen:  # named by content: kernels build in parallel, in any order
+            seen[text] = "bert_" + hashlib.sha256(text.encode()).hexdigest()[:10]
             (OUT / f"{seen[text]}.json").write_text(text)
         return build(cluster, *args, **kwargs)
     kernels.build_cpu_kernel = recording
