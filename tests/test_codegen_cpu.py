@@ -22,10 +22,12 @@ RNG = np.random.default_rng(1234)
 
 def run(cluster, inputs, threads=2):
     """Runs with outputs forwarded into input buffers where the kernel allows,
-    as the FusionStitch op does, so every test covers the in-place case."""
+    as the FusionStitch op does, and with streaming stores whatever the
+    output's size, so every test covers the in-place and streamed cases."""
     kernel = build_cpu_kernel(cluster)
     types = cluster.types()
     runner = CpuKernel(kernel.path, [as_dtype(types[o].dtype) for o in cluster.outputs])
+    runner.set_stream_min_bytes(0)  # small outputs take the streaming path too
     return runner.run(inputs, threads=threads, forward=True), kernel
 
 
@@ -96,6 +98,30 @@ def test_forwarded_output_is_stored_after_every_load_of_its_input():
     (y, z), _ = run(c, [m, a, k])
     np.testing.assert_array_equal(y, -a)
     np.testing.assert_array_equal(z, np.where(k, -a, m))
+
+
+@pytest.mark.parametrize("width", [1000, 10000])
+def test_streaming_stores_give_the_same_bits(width):
+    """Large float32 outputs go out with streaming stores in whole vectors, the
+    tail with ordinary ones; both paths must write the same values (width 1000:
+    a row loop with a tail; 10000: tiled loops)."""
+    c = layernorm_cluster(width) if width == 1000 else ir.Cluster(
+        (("a", T("float32", (N, 1))), ("b", T("float32", (1, width)))),
+        (op("p", "mul", ["a", "b"], T("float32", (N, width))),
+         op("y", "tanh", ["p"], T("float32", (N, width)))), ("y", "p"))
+    kernel = build_cpu_kernel(c)
+    assert "fs_stream_f32(" in kernel.source
+    types = c.types()
+    runner = CpuKernel(kernel.path, [as_dtype(types[o].dtype) for o in c.outputs])
+    inputs = [RNG.standard_normal((5, width if width == 1000 else 1), dtype=np.float32)]
+    inputs += ([RNG.standard_normal(width, dtype=np.float32) for _ in range(2)]
+               if width == 1000 else [RNG.standard_normal((1, width), dtype=np.float32)])
+    runner.set_stream_min_bytes(1 << 62)
+    plain = runner.run(inputs, threads=2)
+    runner.set_stream_min_bytes(0)
+    streamed = runner.run(inputs, threads=2)
+    for p, q in zip(plain, streamed):
+        np.testing.assert_array_equal(p.view(np.uint32), q.view(np.uint32))
 
 
 def test_reduction_over_leading_and_interleaved_axes():

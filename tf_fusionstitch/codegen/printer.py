@@ -77,6 +77,41 @@ static inline double fs_softplus(double x) {
   const double th = -34.04365338911715, e = __builtin_exp(x);
   return fs_select(x > -th, x, fs_select(x < th, e, __builtin_log1p(e)));
 }
+// Streaming (non-temporal) stores of float32 outputs: a large output written
+// through the cache is first read into it (write-allocate), a third memory
+// pass that streaming stores skip. Lanes per store; 0 where there are none.
+#if defined(__AVX512F__)
+#define FS_STREAM_LANES 16
+#elif defined(__AVX__)
+#define FS_STREAM_LANES 8
+#elif defined(__SSE__)
+#define FS_STREAM_LANES 4
+#else
+#define FS_STREAM_LANES 0
+#endif
+#if FS_STREAM_LANES
+typedef float fs_vf32 __attribute__((vector_size(FS_STREAM_LANES * 4)));
+static inline void fs_stream_f32(float* p, fs_vf32 v) {
+#if defined(__clang__)
+  __builtin_nontemporal_store(v, reinterpret_cast<fs_vf32*>(p));
+#elif FS_STREAM_LANES == 16
+  __builtin_ia32_movntps512(p, v);
+#elif FS_STREAM_LANES == 8
+  __builtin_ia32_movntps256(p, v);
+#else
+  __builtin_ia32_movntps(p, v);
+#endif
+}
+static inline bool fs_stream_aligned(const float* p) {
+  return (reinterpret_cast<uintptr_t>(p) & (FS_STREAM_LANES * 4 - 1)) == 0;
+}
+#endif
+// Outputs of at least this many bytes per call are streamed (they would not
+// stay in cache for the next op anyway); fs_set_stream_min_bytes changes it.
+static int64_t fs_stream_min_bytes = 16 << 20;
+extern "C" __attribute__((visibility("default"))) void fs_set_stream_min_bytes(int64_t n) {
+  fs_stream_min_bytes = n;
+}
 static inline int fs_fail(char* err, int64_t n, const char* msg) {
   if (n > 0) { std::strncpy(err, msg, (size_t)(n - 1)); err[n - 1] = 0; }
   return 1;
@@ -212,6 +247,7 @@ class _Printer:
         self.k = kernel
         self.t = target
         self.lines: List[str] = []
+        self.streaming = False   # set per kernel: does any loop stream its stores?
 
     def emit(self, line: str, indent: int) -> None:
         self.lines.append("  " * indent + line)
@@ -371,6 +407,13 @@ class _Printer:
             const = "" if tn.is_output else "const "
             e(f"{const}{st}* t{i} = static_cast<{const}{st}*>(bufs[{i}]);", 1)
         self.declare_extents(1)
+        self.streaming = self.t.name == "cpp" and any(self.streamed(kr.loops[k], kr.accumulators[k])
+                                                      for k in range(len(kr.loops)))
+        if self.streaming:
+            sizes = [" * ".join(f"g{g}" for g in tn.groups) or "1"
+                     for tn in kr.tensors if tn.is_output and tn.dtype == "float32"]
+            e("const bool fs_big = (" + " + ".join(f"({z})" for z in sizes)
+              + ") * 4 >= fs_stream_min_bytes; (void)fs_big;", 1)
         for pool, bufs in (("b", kr.buffers), ("h", kr.hoisted)):
             for b, dtype in bufs.items():
                 e(f"{COMPUTE[dtype]}* {pool}_{b} = new {COMPUTE[dtype]}[n_cols > 0 ? n_cols : 1];",
@@ -398,6 +441,11 @@ class _Printer:
         for pool, bufs in (("b", kr.buffers), ("h", kr.hoisted)):
             for b in bufs:
                 e(f"delete[] {pool}_{b};", 1)
+        if self.streaming:
+            # streaming stores are weakly ordered: visible before the op returns
+            e("#if FS_STREAM_LANES", 0)
+            e("if (fs_big) __builtin_ia32_sfence();", 1)
+            e("#endif", 0)
         e("}", 0)
         return "\n".join(self.lines)
 
@@ -424,6 +472,9 @@ class _Printer:
                 lo = f"tile * {TILE}"
                 hi = f"(g{g} - {lo} < {TILE} ? g{g} : {lo} + {TILE})"
             if innermost:
+                streamed = self.streamed(stmts, accs) if self.streaming else []
+                if streamed:
+                    lo = self.streamed_loop(stmts, streamed, g, lo, hi, prev, indent)
                 clauses = "".join(self.clause(a) for a in accs)
                 e(self.t.simd_pragma.format(clauses=clauses), indent)
             e(f"for (int64_t c{g} = {lo}; c{g} < {hi}; ++c{g}) {{", indent)
@@ -437,6 +488,54 @@ class _Printer:
             indent -= 1
             e("}", indent)
         e("}", indent - 1)
+
+    def streamed(self, stmts: list, accs: list) -> list:
+        """Stores of a loop that can stream: float32, unit stride in the
+        innermost column, in a loop without reductions (a short vector loop
+        per store would split them)."""
+        if accs or not self.k.col_groups:
+            return []
+        g = self.k.col_groups[-1]
+        return [st for st in stmts if isinstance(st, k.Store) and st.dtype == "float32"
+                and g in self.k.tensors[st.tensor].groups
+                and self.col_term(st.tensor, g) == f"c{g}"]
+
+    def streamed_loop(self, stmts, streamed, g, lo, hi, prev, indent) -> str:
+        """Whole vectors of columns from `lo`, each streamed output gathered in
+        a register and stored with one streaming store; returns the first
+        column left for the ordinary loop."""
+        e = self.emit
+        e(f"int64_t cs{g} = {lo};", indent)
+        e("#if FS_STREAM_LANES", 0)
+        first = [f"fs_stream_aligned(&t{st.tensor}[{self.index(st.tensor, True)}])"
+                 for st in streamed]
+        e("if (fs_big) {", indent)
+        e(f"const int64_t c{g} = cs{g};", indent + 1)
+        e("const bool aligned = " + " && ".join(first) + ";", indent + 1)
+        e(f"for (; aligned && cs{g} + FS_STREAM_LANES <= {hi}; cs{g} += FS_STREAM_LANES) {{",
+          indent + 1)
+        e("fs_vf32 " + ", ".join(f"s{st.tensor}" for st in streamed) + ";", indent + 2)
+        e(self.t.simd_pragma.format(clauses=""), indent + 2)
+        e("for (int64_t v = 0; v < FS_STREAM_LANES; ++v) {", indent + 2)
+        e(f"const int64_t c{g} = cs{g} + v;", indent + 3)
+        e(f"const int64_t cl = {prev} + c{g}; (void)cl;", indent + 3)
+        targets = {st.tensor for st in streamed}
+        for st in stmts:
+            if isinstance(st, k.Store) and st.tensor in targets:
+                e(f"s{st.tensor}[v] = {st.src};", indent + 3)
+            else:
+                self.stmt(st, indent + 3, True)
+        e("}", indent + 2)
+        e("{", indent + 2)
+        e(f"const int64_t c{g} = cs{g};", indent + 3)
+        for st in streamed:
+            e(f"fs_stream_f32(&t{st.tensor}[{self.index(st.tensor, True)}], s{st.tensor});",
+              indent + 3)
+        e("}", indent + 2)
+        e("}", indent + 1)
+        e("}", indent)
+        e("#endif", 0)
+        return f"cs{g}"
 
     def body(self, stmts: list, accs, indent: int) -> None:
         for st in stmts:

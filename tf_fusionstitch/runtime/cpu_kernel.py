@@ -92,6 +92,17 @@ class CpuKernel:
         self.out_dtypes = self._dtypes("output", self.meta.out_dtypes, out_dtypes)
         self.in_dtypes = self._dtypes("input", self.meta.in_dtypes, in_dtypes)
 
+    def set_stream_min_bytes(self, n: int) -> None:
+        """Outputs of at least `n` bytes per call use streaming stores (the
+        kernel's default is 16 MiB; 0 streams every aligned float32 output).
+        Process-wide for this kernel library."""
+        setter = getattr(self._lib, "fs_set_stream_min_bytes", None)
+        if setter is None:
+            raise KernelLoadError(f"kernel {self.path} has no fs_set_stream_min_bytes")
+        setter.restype = None
+        setter.argtypes = [ctypes.c_int64]
+        setter(int(n))
+
     def _dtypes(self, what: str, names: tuple, given: Optional[Sequence]) -> tuple:
         if given is None:
             return tuple(as_dtype(n) for n in names)
@@ -132,7 +143,7 @@ class CpuKernel:
             if any(d < 0 for d in shape):
                 raise KernelLoadError(f"kernel {self.path}: fs_shape returned a negative "
                                       f"output extent {shape} (a code generation bug)")
-            outputs.append(np.empty(shape, dtype=dtype))
+            outputs.append(_aligned_empty(shape, dtype))
         if forward:
             arrays = list(arrays)
             taken = set()  # outputs and inputs already paired, as in TF: once each
@@ -184,6 +195,19 @@ class CpuKernel:
                        for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
             for f in futures:
                 f.result()
+
+
+def _aligned_empty(shape: tuple, dtype) -> np.ndarray:
+    """An uninitialised array on a 64-byte boundary, as TF allocates tensors
+    (kernels may use aligned streaming stores there)."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(n + _ALIGN, dtype=np.uint8)
+    skip = (-raw.ctypes.data) % _ALIGN
+    return raw[skip:skip + n].view(dtype).reshape(shape)
+
+
+_ALIGN = 64
 
 
 def _int64_array(values: Sequence[int]):
