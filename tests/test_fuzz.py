@@ -241,6 +241,23 @@ class OracleSelfTest(tf.test.TestCase):
         self.assertFalse(fg.check_value(iv, np.array([1.6e308])).bad.any())
         self.assertFalse(fg.check_value(iv, np.array([np.inf])).bad.any())
 
+    def test_softmax_row_that_may_be_all_minus_inf(self):
+        # x * 10 overflows to -inf or rounds to -FLT_MAX: a one-element row of
+        # -inf gives NaN (exp(-inf - -inf)), so its softmax is undetermined
+        # (--seed=20261129 graphs 4264, 4664, 19644). A finite row is checked.
+        case = self._case([{"name": "n0", "op": "Mul", "inputs": ["x", {"const": 10.0}],
+                            "attrs": {}},
+                           {"name": "n1", "op": "Softmax", "inputs": ["n0"], "attrs": {}}],
+                          [{"name": "x", "dtype": "float32", "shape": [2, 1]}], ["n1"])
+        x = np.array([[-3.403e37], [1.0]], np.float32)
+        env = fg.evaluate(case, [x])
+        self.assertTrue(np.isneginf(env["n0"].lo[0, 0]))
+        iv = env["n1"]
+        self.assertTrue(iv.unk[0, 0])
+        self.assertFalse(fg.check_value(iv, np.array([[np.nan], [1.0]], np.float32)).bad.any())
+        self.assertFalse(iv.unk[1, 0])
+        self.assertTrue(fg.check_value(iv, np.array([[np.nan], [np.nan]], np.float32)).bad[1, 0])
+
     def test_reciprocal_near_smallest_normal(self):
         # TF's vectorised float reciprocal (rcp estimate + one Newton step) loses
         # the Newton correction to FTZ once it is below FLT_MIN (soak

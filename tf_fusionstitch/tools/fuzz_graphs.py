@@ -1879,7 +1879,11 @@ class _Oracle:
         nan_row = all_neg_inf & ~bad            # a row of -inf: exp(-inf - -inf) = NaN
         lo = np.where(nan_row, np.nan, lo)
         hi = np.where(nan_row, np.nan, hi)
-        unk = np.broadcast_to(bad, x.shape).copy()
+        # a row whose every element may be -inf (e.g. a product that may overflow)
+        # may be NaN or not (--seed=20261129 graphs 4264, 4664, 19644)
+        maybe_nan_row = (np.isneginf(x.lo).all(-1, keepdims=True) if n else
+                         np.zeros(x.shape[:-1] + (1,), bool)) & ~all_neg_inf
+        unk = np.broadcast_to(bad | maybe_nan_row, x.shape).copy()
         return _finish(d, lo, hi, unk)
 
 
