@@ -4,7 +4,10 @@
 thread, using the shared printer (printer.py) for every statement, split into
 *parts* by the points where threads communicate: `_Barrier` (`__syncthreads`),
 `_Shuffle` (one step of a warp's xor tree) and `_Guard` (threads past the
-last row stop). The two assemblers differ only in how they join the parts:
+last row stop). Where the plan keeps inputs in registers across loops, the
+column loops are unrolled over a counter `j` and those inputs live in
+per-thread arrays `rc_<name>[j]`. The two assemblers differ only in how they
+join the parts:
 
 - `print_cuda`: straight-line code, a part after another, the sync points
   printed from the CUDA target table.
@@ -70,10 +73,12 @@ class _GpuBody(printer._Printer):
         self.per_thread = plan.cols_per_thread   # unrolled loops' trip count, or None
         self.cached = set(plan.register_cached)
         self.first_loop = {}                  # cached value -> the loop that loads it
+        self.cached_dtype = {}
         for loop, body in enumerate(plan.kernel.loops):
             for st in body:
                 if isinstance(st, k.Load) and st.dst in self.cached:
                     self.first_loop.setdefault(st.dst, loop)
+                    self.cached_dtype[st.dst] = st.dtype
         self.loop_index = None                # the column loop being printed
         self.parts: list = []                 # list[str] (code) or a sync point
         self.regs: Dict[str, str] = {}        # thread-scope value -> C type
@@ -188,7 +193,7 @@ class _GpuBody(printer._Printer):
             self.decl("int64_t", "col_hi", f"n_cols - col_lo < {TILE} ? n_cols : col_lo + {TILE}")
             lo, hi = "col_lo", "col_hi"
         for name in sorted(self.cached, key=self.first_loop.get):
-            ctype = COMPUTE[self.cached_dtype(name)]
+            ctype = COMPUTE[self.cached_dtype[name]]
             self.emit(f"{ctype} rc_{name}[{self.per_thread}];", 0)
             self.reg(f"rc_{name}", ctype)
             self.reg_len[f"rc_{name}"] = self.per_thread
@@ -212,13 +217,6 @@ class _GpuBody(printer._Printer):
     @staticmethod
     def tracks_nan(a: k.Accumulate) -> bool:
         return a.kind in ("reduce_max", "reduce_min") and a.dtype in printer.ir.FLOAT_DTYPES
-
-    def cached_dtype(self, name: str) -> str:
-        for body in self.k.loops:
-            for st in body:
-                if isinstance(st, k.Load) and st.dst == name:
-                    return st.dtype
-        raise KeyError(name)
 
     def col_loop(self, stmts, accs, indent, lo, hi, first, step, unrolled=False) -> None:
         """The thread's columns: lo + first, then every `step`-th below hi.

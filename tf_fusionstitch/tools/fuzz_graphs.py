@@ -2396,27 +2396,28 @@ def _quick_signature(case: dict, result: CaseResult) -> str:
 
 def fuzz(graphs: int, seed: int, batch: int = 8, draws: int = 2, shrink_budget_s: float = 90.0,
          regressions_dir=None, save: bool = True, time_limit_s: float = 0.0,
-         log: Callable[[str], None] = print) -> Tuple[BatchStats, List[Finding], List[CaseResult]]:
-    """Generates `graphs` cases from `seed`, runs them in batches, shrinks and saves
-    every mismatch (one file per failure signature). Returns (stats, findings,
-    oracle problems)."""
+         log: Callable[[str], None] = print,
+         first: int = 0) -> Tuple[BatchStats, List[Finding], List[CaseResult]]:
+    """Generates cases first .. first + graphs - 1 of `seed`, runs them in
+    batches, shrinks and saves every mismatch (one file per failure signature).
+    Returns (stats, findings, oracle problems)."""
     stats = BatchStats()
     findings: List[Finding] = []
     oracle: List[CaseResult] = []
     seen: Dict[str, str] = {}
     quick: Dict[str, str] = {}
     start = time.monotonic()
-    index = 0
+    index, graphs = first, first + graphs
     while index < graphs:
         if time_limit_s and time.monotonic() - start > time_limit_s:
-            log(f"time limit reached after {index} graphs")
+            log(f"time limit reached after {index - first} graphs")
             break
         n = min(batch, graphs - index)
         cases = [generate_case(case_seed(seed, index + k)) for k in range(n)]
         origins = [f"--seed={seed} graph {index + k}" for k in range(n)]
         index += n
         results = run_cases(cases, draws, stats)
-        if (index // batch) % 10 == 0:
+        if ((index - first) // batch) % 10 == 0:
             wall = time.monotonic() - start
             log(f"... {stats.graphs} graphs, {stats.kernels} kernels, {len(findings)} "
                 f"mismatches, {len(oracle)} oracle problems, {wall:.0f} s")
