@@ -258,6 +258,22 @@ class OracleSelfTest(tf.test.TestCase):
         self.assertFalse(iv.unk[1, 0])
         self.assertTrue(fg.check_value(iv, np.array([[np.nan], [np.nan]], np.float32)).bad[1, 0])
 
+    def test_float64_floor_mod_of_inexact_operand(self):
+        # tanh(-253) = -1 (its enclosure is not a point); TF: fmod(-1, y) + y, one
+        # rounding of -1 + 6y. The oracle's -1 - q*y in float64 rounds 6y too,
+        # 4 ulps off this result (--seed=20261129 graph 10154).
+        case = self._case([{"name": "n0", "op": "Tanh", "inputs": ["x"], "attrs": {}},
+                           {"name": "n1", "op": "FloorMod", "inputs": ["n0", "y"], "attrs": {}}],
+                          [{"name": "x", "dtype": "float64", "shape": [1]},
+                           {"name": "y", "dtype": "float64", "shape": [1]}], ["n1"])
+        x, y = np.array([-253.41407013877168]), np.array([0.19732494999908107])
+        env = fg.evaluate(case, [x, y])
+        iv = env["n1"]
+        tf_value = np.fmod(np.tanh(x), y) + y              # fmod is exact
+        self.assertFalse(fg.check_value(iv, tf_value).bad.any())
+        tanh_width = env["n0"].hi[0] - env["n0"].lo[0]
+        self.assertLess(iv.hi[0] - iv.lo[0], tanh_width + 24 * np.spacing(tf_value[0]))
+
     def test_reciprocal_near_smallest_normal(self):
         # TF's vectorised float reciprocal (rcp estimate + one Newton step) loses
         # the Newton correction to FTZ once it is below FLT_MIN (soak
