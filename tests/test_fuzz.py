@@ -274,6 +274,32 @@ class OracleSelfTest(tf.test.TestCase):
         tanh_width = env["n0"].hi[0] - env["n0"].lo[0]
         self.assertLess(iv.hi[0] - iv.lo[0], tanh_width + 24 * np.spacing(tf_value[0]))
 
+    def test_duplicate_consumers_merged_before_rewrites(self):
+        # Grappler merges the two equal LogicalNot(c) first, so c has one consumer
+        # and not(x <= y) becomes x > y: False for NaN (--seed=20261130 graph 7922)
+        case = self._case([{"name": "n1", "op": "LessEqual", "inputs": ["x", "y"], "attrs": {}},
+                           {"name": "n3", "op": "LogicalNot", "inputs": ["n1"], "attrs": {}},
+                           {"name": "n4", "op": "LogicalNot", "inputs": ["n1"], "attrs": {}}],
+                          [{"name": "x", "dtype": "float32", "shape": [2]},
+                           {"name": "y", "dtype": "float32", "shape": [2]}], ["n3", "n4"])
+        x, y = np.array([np.nan, 2.0], np.float32), np.array([1.0, 1.0], np.float32)
+        env = fg.evaluate(case, [x, y])
+        for name in ("n3", "n4"):
+            self.assertEqual(list(env[name].lo), [0.0, 1.0])
+            self.assertEqual(list(env[name].hi), [0.0, 1.0])
+
+    def test_max_of_signed_zeros_may_be_either(self):
+        # TF's max(-0, +0) is -0 here, and rsqrt of it -inf (--seed=20261130
+        # graph 3435): both signs, so both infinities, are allowed
+        case = self._case([{"name": "n0", "op": "Maximum", "inputs": ["x", "y"], "attrs": {}},
+                           {"name": "n1", "op": "Rsqrt", "inputs": ["n0"], "attrs": {}}],
+                          [{"name": "x", "dtype": "float32", "shape": [2]},
+                           {"name": "y", "dtype": "float32", "shape": [2]}], ["n1"])
+        x, y = np.array([-0.0, 0.0], np.float32), np.array([0.0, -0.0], np.float32)
+        iv = fg.evaluate(case, [x, y])["n1"]
+        for v in (-np.inf, np.inf):
+            self.assertFalse(fg.check_value(iv, np.array([v, v], np.float32)).bad.any())
+
     def test_reciprocal_near_smallest_normal(self):
         # TF's vectorised float reciprocal (rcp estimate + one Newton step) loses
         # the Newton correction to FTZ once it is below FLT_MIN (soak

@@ -140,7 +140,7 @@ class _GpuBody(printer._Printer):
     def cast(self, src: str, frm: str, to: str) -> str:
         if self.t is CUDA and to == "float16":  # round as TensorFlow would
             return f"fs_f16_to_f32(fs_f32_to_f16(static_cast<float>({src})))"
-        return printer._Printer.cast(src, frm, to)
+        return super().cast(src, frm, to)
 
     def buf(self, pool: str, value: str) -> str:
         """Shared-memory element of a buffered (per row) or hoisted (per block) value."""

@@ -1059,13 +1059,31 @@ _FLOAT_UNARY = {   # monotone (corners suffice) unless listed in _SPECIAL_UNARY
 
 
 def _consumers(nodes, outputs) -> Dict[str, int]:
+    """Consumers of each value as Grappler counts them for its rewrites: after
+    its common subgraph elimination, which merges nodes of one op, attributes
+    and inputs first, so two LogicalNot(c) are one consumer of c
+    (--seed=20261130 graph 7922: not(a <= b) became a > b, NaN -> False)."""
+    canon: Dict[str, str] = {}
+    first: Dict[str, str] = {}
+    for node in nodes:
+        key = json.dumps([node["op"], [canon.get(r, r) if isinstance(r, str) else r
+                                       for r in node["inputs"]], node.get("attrs", {})],
+                         sort_keys=True, default=str)
+        canon[node["name"]] = first.setdefault(key, node["name"])
     count: Dict[str, int] = {}
     for node in nodes:
+        if canon[node["name"]] != node["name"]:
+            continue                         # merged into an equal node
         for ref in node["inputs"]:
             if isinstance(ref, str):
-                count[ref] = count.get(ref, 0) + 1
+                r = canon.get(ref, ref)
+                count[r] = count.get(r, 0) + 1
     for o in outputs:
-        count[o] = count.get(o, 0) + 1
+        r = canon.get(o, o)
+        count[r] = count.get(r, 0) + 1
+    for name, c in canon.items():
+        if c != name and c in count:
+            count[name] = count[c]
     return count
 
 
@@ -1531,6 +1549,11 @@ class _Oracle:
             unk = unk | np.broadcast_to((zx & zy & ~(_exact(x) & _exact(y))) | (ix & iy), shape)
         if op in ("Maximum", "Minimum"):
             lo, hi = _with_passthrough(lo, hi, x, y)
+            # max/min of +0 and -0 may return either (TF: max(-0, 0) = -0,
+            # and rsqrt of it -inf: --seed=20261130 graph 3435)
+            both = np.broadcast_to(_holds(x, 0.0) & _holds(y, 0.0), lo.shape)
+            lo = np.where(both & (lo == 0), -0.0, lo)
+            hi = np.where(both & (hi == 0), 0.0, hi)
         if op in ("RealDiv", "Div", "DivNoNan"):
             ystr = ((y.lo < 0) | ((y.lo == 0) & np.signbit(y.lo))) & (
                 (y.hi > 0) | ((y.hi == 0) & ~np.signbit(y.hi)))
