@@ -383,6 +383,27 @@ class OptimizeCastTest(tf.test.TestCase):
         for (src, dst), a, e in zip(CASTS, actual, expected):
             assert_same(self, a, e, "exact", msg=f"Cast {src}->{dst}")
 
+    def test_cast_of_a_computed_16_bit_value_rounds_it_first(self):
+        """TF stores a float16/bfloat16 result in its type before a Cast reads
+        it; a fused kernel keeps it in float32, so the cast must round first.
+        One op before the cast rounds once in both, so results are exact:
+        the float32 value, int32 truncation, and bool (products that underflow
+        the 16-bit type are zero there)."""
+        gen = rng(3100)
+        for d, tiny in (("float16", 1e-4), ("bfloat16", 1e-30)):
+            v = gen.uniform(-40, 40, (64, 33))
+            v[gen.random(v.shape) < 0.3] = tiny
+            x = tf.cast(tf.constant(v), d)
+            f = tf.function(lambda x, d=d, tiny=tiny: [
+                tf.cast(x * tf.constant(1.37, d), "float32"),
+                tf.cast(x * tf.constant(1.37, d), "int32"),
+                tf.cast(x * tf.constant(1.37, d), "float64"),
+                tf.cast(x * tf.constant(tiny, d), "bool")])
+            opt, expected, actual = optimize_and_run(f, x)
+            self.assertNotEmpty(fusion_stitch_nodes(opt.graph_def), str(opt.report()))
+            for a, e, to in zip(actual, expected, ("float32", "int32", "float64", "bool")):
+                assert_same(self, a, e, "exact", msg=f"{d} -> {to}")
+
     def test_cast_chain(self):
         """Cast between arithmetic ops, broadcasting [N,1,C] with [H,1]."""
         gen = rng(3001)

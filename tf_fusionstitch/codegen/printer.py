@@ -271,8 +271,11 @@ class _Printer:
         out = out.replace("{T}", COMPUTE[st.arg_dtype])
         return out.format(*st.args)
 
-    @staticmethod
-    def cast(src: str, frm: str, to: str) -> str:
+    def cast(self, src: str, frm: str, to: str) -> str:
+        if frm in ("float16", "bfloat16") and frm != to:
+            # A 16-bit value computed here is a float32; TF would have stored
+            # (rounded) it in its type before the cast: round it first.
+            src = self.cast(src, "float32", frm)
         if to == "bool":
             return f"({src} != 0)"
         if to == "float16":  # round as TensorFlow would, then compute in float
