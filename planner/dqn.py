@@ -112,6 +112,9 @@ class _Replay:
                 self.next_mask[idx], self.done[idx], self.best_return[self.key[idx]])
 
 
+_NETWORKS = {}   # (shapes, settings) -> _QNetworks, reused across searches
+
+
 class _QNetworks:
     """Online and target Keras networks with a compiled Double-DQN train step.
 
@@ -119,23 +122,17 @@ class _QNetworks:
     a network this small a TensorFlow call costs ~1000x the arithmetic.
     """
 
-    def __init__(self, obs_size, actions, settings, seed):
+    def __init__(self, obs_size, actions, settings):
         import keras
         import tensorflow as tf
 
         def build():
             layers = [keras.Input((obs_size,))]
-            for i, width in enumerate(settings.hidden):
-                layers.append(keras.layers.Dense(
-                    width, activation="relu",
-                    kernel_initializer=keras.initializers.GlorotUniform(seed=seed * 97 + i)))
-            layers.append(keras.layers.Dense(
-                actions, kernel_initializer=keras.initializers.GlorotUniform(
-                    seed=seed * 97 + len(settings.hidden))))
+            layers += [keras.layers.Dense(width, activation="relu") for width in settings.hidden]
+            layers.append(keras.layers.Dense(actions))
             return keras.Sequential(layers)
 
         self.online, self.target = build(), build()
-        self.target.set_weights(self.online.get_weights())
         self.optimizer = keras.optimizers.Adam(settings.learning_rate)
         gamma = settings.gamma
         online, target, optimizer = self.online, self.target, self.optimizer
@@ -164,6 +161,29 @@ class _QNetworks:
                 optimizer.apply_gradients(zip(grads, online.trainable_variables))
 
         self._train = train
+
+    @classmethod
+    def get(cls, obs_size, actions, settings, seed):
+        """Networks for a search, initialised from `seed`. Built and traced once per shape
+        and process (tracing costs seconds; a search on a small space, less)."""
+        key = (obs_size, actions, settings.hidden, settings.learning_rate, settings.gamma)
+        if key not in _NETWORKS:
+            _NETWORKS[key] = cls(obs_size, actions, settings)
+        nets = _NETWORKS[key]
+        nets.reset(seed)
+        return nets
+
+    def reset(self, seed):
+        """Glorot-uniform kernels and zero biases from `seed`; fresh Adam state."""
+        import keras
+        for i, layer in enumerate(self.online.layers):
+            init = keras.initializers.GlorotUniform(seed=seed * 97 + i)
+            layer.kernel.assign(init(layer.kernel.shape))
+            layer.bias.assign(np.zeros(layer.bias.shape, np.float32))
+        for v in self.optimizer.variables:
+            if not v.path.endswith("learning_rate"):
+                v.assign(np.zeros(v.shape, v.dtype))
+        self.sync()
         self._refresh()
 
     def _refresh(self):
@@ -336,7 +356,7 @@ class DQNSearch:
         episodes = train_steps = 0
         policy = None
         if not env.complete(self.start):
-            self.nets = _QNetworks(self.features.size, self.actions, s, self.seed)
+            self.nets = _QNetworks.get(self.features.size, self.actions, s, self.seed)
             replay = _Replay(s.replay_size, self.features.size, self.actions)
             max_episodes = s.max_episodes_per_call * self.budget
             boost = 0.0

@@ -186,6 +186,8 @@ def _bert(var, batch, seq, hidden, heads, ffn, layers, vocab, predictions):
 
 
 def _spec(model, var, sizes):
+    if model in more_models.BUILDERS:
+        return more_models.BUILDERS[model](var, **sizes)
     if model == "mlp":
         return _mlp(var, **sizes)
     if model == "transformer_block":
@@ -282,3 +284,10 @@ def build_graph_ir(model, **sizes):
     graph, inputs, loss, _, step_ops = build_graph(model, **sizes)
     return graph_import.from_tf_graph(graph, graph_import.variables_of_graph(graph), inputs,
                                       [loss], ops=step_ops, name=model)
+
+
+# GPT decoders and a ResNet-style CNN live in their own module (it uses the helpers above).
+from tf_fusionstitch.planner import more_models  # noqa: E402
+
+DEFAULT_SIZES.update(more_models.SIZES)
+MODELS = MODELS + tuple(more_models.SIZES)
