@@ -5,9 +5,10 @@ per pipeline cut); forced decisions are taken without asking the network and a p
 memory lower bound overflows a device ends at once (`pruning.Pruner`). Observations come from
 `env_features.Features`; illegal actions are masked when acting and in the bootstrap target.
 
-Reward (terminal only, gamma 1): log speed-up over the pure data-parallel plan (its step time
-is the search's first cost-model call), clipped at -2.5; a plan or prefix that overflows memory
-gets -3 minus its overflow (at most -5), below every plan that fits.
+Reward (terminal only, gamma 1, times `reward_scale`): log speed-up over the pure
+data-parallel plan (its step time is the search's first cost-model call), clipped at -2.5; a
+plan or prefix that overflows memory gets -3 minus its overflow (at most -5), below every plan
+that fits.
 
 Learning: an online and a target Q-network (Double DQN target: the online network picks the
 next action, the target network values it), uniform replay, Huber loss, Adam, epsilon decaying
@@ -17,7 +18,7 @@ is raised to it (as in lower-bound Q-learning / self-imitation): one good plan d
 subtree lifts the value of the decisions leading to it at once, instead of after many
 bootstrapping sweeps. A count-based bonus (UCB on exact prefixes) steers exploration to
 actions rarely tried from a prefix. Episodes run in lock-step batches so each decision costs
-one network call per batch. The budget counts distinct plans priced by the cost model (the
+one forward pass per batch. The budget counts distinct plans priced by the cost model (the
 environment caches by plan); revisiting a priced plan is free, so the search also stops after
 `max_episodes_per_call` episodes per call of budget; a batch of episodes that priced nothing
 new doubles epsilon for the next batch (reset once something new is priced).
@@ -72,7 +73,7 @@ class Result:
 
 class _Replay:
     """Uniform replay. Each transition also names its (prefix, action) pair, whose best
-    return seen so far is kept in `best_return` (see `DQNSearch` on why)."""
+    return seen so far is kept in `best_return` (the module docstring says why)."""
 
     def __init__(self, size, obs_size, actions):
         self.obs = np.zeros((size, obs_size), np.float32)
