@@ -28,10 +28,11 @@ DEFAULT_ARCHS = ("sm_80", "sm_90")
 
 
 def build_emulation(cluster: ir.Cluster, reverse_threads: bool = False,
-                    timeout: float = 120) -> pathlib.Path:
-    """Shared object (docs/KERNEL_ABI.md, CPU ABI) emulating the CUDA kernel;
+                    timeout: float = 120, gpu=None, plan=None) -> pathlib.Path:
+    """Shared object (docs/KERNEL_ABI.md, CPU ABI) emulating the CUDA kernel
+    (of `plan`, or the one generate_cuda chooses for `gpu`);
     `reverse_threads` runs each phase's threads in descending order."""
-    source = generate_gpu_emulation(cluster, reverse_threads).source
+    source = generate_gpu_emulation(cluster, reverse_threads, gpu, plan).source
     return cpu_compiler.compile_shared_object(source, timeout=timeout)
 
 
@@ -43,10 +44,11 @@ class CudaBuild:
 
 
 def compile_cuda(cluster: ir.Cluster, archs: Sequence[str] = DEFAULT_ARCHS,
-                 assemble: bool = True) -> tuple:
-    """(GeneratedCudaKernel, {arch: CudaBuild}). Raises NvrtcUnavailable without
-    NVRTC, CudaCompileError when NVRTC or ptxas rejects the kernel."""
-    generated: GeneratedCudaKernel = generate_cuda(cluster)
+                 assemble: bool = True, gpu=None) -> tuple:
+    """(GeneratedCudaKernel, {arch: CudaBuild}), the plan chosen for `gpu`
+    (None: by thresholds). Raises NvrtcUnavailable without NVRTC,
+    CudaCompileError when NVRTC or ptxas rejects the kernel."""
+    generated: GeneratedCudaKernel = generate_cuda(cluster, gpu)
     builds: Dict[str, CudaBuild] = {}
     for arch in archs:
         ptx = nvrtc.compile_ptx(generated.source, arch, NVRTC_OPTIONS)

@@ -26,7 +26,13 @@ row length is static and they fit; otherwise they are recomputed from the
 inputs (the paper's thread composition). Hoisted per-column values are
 computed once per block into shared memory under the same condition, else
 inline. Either fallback re-lowers the schedule, so the kernel IR says exactly
-what the kernel does. No TensorFlow import here.
+what the kernel does.
+
+These thresholds are the plan without a target GPU. Given one,
+`plan_gpu(s, gpu="H100")` lets FusionStitching's latency evaluator
+(gpu_cost.py) choose among every mapping, block size and buffer-or-recompute
+alternative (gpu_choice.py), keeping this plan where nothing is predicted
+faster. No TensorFlow import here.
 """
 
 from __future__ import annotations
@@ -104,20 +110,25 @@ def static_cols(s: Schedule) -> Optional[int]:
     return math.prod(extents)
 
 
-def plan_gpu(s: Schedule) -> GpuPlan:
-    """Chooses the mapping and lowers the schedule for it."""
+def plan_gpu(s: Schedule, gpu=None, rows: Optional[int] = None) -> GpuPlan:
+    """Chooses the mapping and lowers the schedule for it: by the column-count
+    thresholds above, or, given a `gpu` (a gpu_cost.GPUS name or GpuSpec),
+    the candidate that the latency evaluator predicts fastest for `rows`
+    rows (see choose_plan)."""
+    default = _threshold_plan(s)
+    if gpu is None:
+        return default
+    from tf_fusionstitch import gpu_choice  # the evaluator's loop imports this module
+    return gpu_choice.choose_plan(s, gpu, rows, default)
+
+
+def _threshold_plan(s: Schedule) -> GpuPlan:
     cols = static_cols(s)
     per_item = None if cols is None else (min(cols, ELEMENTWISE_TILE) if s.tiled else cols)
     types = s.cluster.types()
     dropped = []
-
-    hoisted_bytes = sum(_COMPUTE_BYTES[types[v].dtype] for v in s.hoisted) * (cols or 0)
-    # An empty row (0 columns) needs no buffer, and C++ has no arrays of size 0.
-    if s.hoisted and (not cols or hoisted_bytes > SMEM_BUDGET // 2):
-        dropped.append("hoisted values computed inline: the row length is "
-                       + _why(cols))
-        s = dataclasses.replace(s, hoisted=frozenset())
-        hoisted_bytes = 0
+    s, hoisted_bytes, why = fit_hoisted(s)
+    dropped += why
     row_bytes = sum(_COMPUTE_BYTES[types[v].dtype] for v in s.buffered) * (cols or 0)
 
     if per_item is not None and per_item <= THREAD_ROW_MAX_COLS:
@@ -135,9 +146,31 @@ def plan_gpu(s: Schedule) -> GpuPlan:
         s = dataclasses.replace(s, buffered=frozenset())
     rows = fitting[0] if fitting and s.buffered else row_choices[0]
     mapping = GpuMapping(kind, threads or rows * WARP, rows, cols)
+    return finish_plan(s, kernel_ir.lower(s), mapping, tuple(dropped))
+
+
+def fit_hoisted(s: Schedule) -> tuple:
+    """(schedule, shared bytes of its hoisted columns, why they were dropped):
+    hoisted values go inline where the row length is dynamic or they would
+    take more than half the shared memory budget."""
+    cols = static_cols(s)
+    types = s.cluster.types()
+    hoisted_bytes = sum(_COMPUTE_BYTES[types[v].dtype] for v in s.hoisted) * (cols or 0)
+    # An empty row (0 columns) needs no buffer, and C++ has no arrays of size 0.
+    if s.hoisted and (not cols or hoisted_bytes > SMEM_BUDGET // 2):
+        return (dataclasses.replace(s, hoisted=frozenset()), 0,
+                ["hoisted values computed inline: the row length is " + _why(cols)])
+    return s, hoisted_bytes, []
+
+
+def finish_plan(s: Schedule, kernel: kernel_ir.Kernel, mapping: GpuMapping,
+                dropped: tuple) -> GpuPlan:
+    """The plan of `kernel` (lowered from `s`) under `mapping`: no shared
+    columns without buffers, and the register-cached inputs where every
+    thread has the same static number of columns."""
+    cols = static_cols(s)
     if not s.buffered and not s.hoisted:
         mapping = dataclasses.replace(mapping, smem_cols=None)
-    kernel = kernel_ir.lower(s)
     per_thread = None
     if cols is not None and (not s.tiled or cols <= ELEMENTWISE_TILE):  # one item per row
         per_thread = -(-cols // mapping.row_threads)

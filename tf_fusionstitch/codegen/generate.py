@@ -5,6 +5,7 @@ C++ (generate_gpu_emulation)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.codegen import gpu_printer, kernel_ir, printer, shape_fn
@@ -42,24 +43,27 @@ class GeneratedCudaKernel:
     host_source: str         # C++ with fs_meta and fs_shape: the launcher's extents and grid
 
 
-def generate_cuda(cluster: ir.Cluster) -> GeneratedCudaKernel:
-    """Validates the cluster and prints its CUDA kernel (docs/KERNEL_ABI.md).
-    Raises UnsupportedCluster where the GPU target cannot fuse it."""
+def generate_cuda(cluster: ir.Cluster, gpu=None, plan: Optional[GpuPlan] = None
+                  ) -> GeneratedCudaKernel:
+    """Validates the cluster and prints its CUDA kernel (docs/KERNEL_ABI.md):
+    for `plan`, else the plan chosen for `gpu` (gpu_cost.GPUS; None: the
+    column-count thresholds). Raises UnsupportedCluster where the GPU target
+    cannot fuse it."""
     cluster.validate()
-    plan = plan_gpu(build_schedule(cluster))
+    plan = plan or plan_gpu(build_schedule(cluster), gpu)
     n_ext = shape_fn.num_ext(plan.schedule)
     return GeneratedCudaKernel(gpu_printer.print_cuda(plan, n_ext), plan, n_ext,
                                _host_part(plan))
 
 
-def generate_gpu_emulation(cluster: ir.Cluster, reverse_threads: bool = False
-                           ) -> GeneratedKernel:
-    """The CUDA kernel's schedule as a C++ block function (CPU ABI of
-    docs/KERNEL_ABI.md): threads of a block run as loops per phase (in
-    ascending or descending order), so the CPU runtime checks the GPU index
-    math, barriers and shuffles."""
+def generate_gpu_emulation(cluster: ir.Cluster, reverse_threads: bool = False, gpu=None,
+                           plan: Optional[GpuPlan] = None) -> GeneratedKernel:
+    """The CUDA kernel's schedule (as generate_cuda chooses it) as a C++
+    block function (CPU ABI of docs/KERNEL_ABI.md): threads of a block run as
+    loops per phase (in ascending or descending order), so the CPU runtime
+    checks the GPU index math, barriers and shuffles."""
     cluster.validate()
-    plan = plan_gpu(build_schedule(cluster))
+    plan = plan or plan_gpu(build_schedule(cluster), gpu)
     source = "\n".join([_host_part(plan), gpu_printer.print_emulation(plan, reverse_threads),
                         ""])
     return GeneratedKernel(source, plan.schedule)

@@ -34,6 +34,7 @@ from typing import Dict, List
 from tf_fusionstitch.codegen import kernel_ir as k
 from tf_fusionstitch.codegen import printer
 from tf_fusionstitch.codegen.printer import COMPUTE, CUDA, STORAGE, _REDUCE, Target
+from tf_fusionstitch.gpu_cost import buffer_slots
 from tf_fusionstitch.gpu_schedule import GpuPlan
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE as TILE
 
@@ -144,6 +145,8 @@ class _GpuBody(printer._Printer):
 
     def buf(self, pool: str, value: str) -> str:
         """Shared-memory element of a buffered (per row) or hoisted (per block) value."""
+        if pool == "b":
+            value = self.slot[value]
         if pool == "b" and self.m.kind == "thread":  # column-major: no bank conflicts
             return f"{pool}_{value}[cl * {self.m.rows_per_block} + tid]"
         if pool == "b" and self.m.rows_per_block > 1:  # lanes read consecutive words
@@ -162,8 +165,10 @@ class _GpuBody(printer._Printer):
         self.uniform, self.lines = self.lines, []
         for h, dtype in kr.hoisted.items():
             self.shared.append((f"h_{h}", COMPUTE[dtype], m.smem_cols))
+        self.slot = buffer_slots(kr)   # buffers whose lifetimes do not overlap share one
         for b, dtype in kr.buffers.items():
-            self.shared.append((f"b_{b}", COMPUTE[dtype], m.rows_per_block * m.smem_cols))
+            if self.slot[b] == b:
+                self.shared.append((f"b_{b}", COMPUTE[dtype], m.rows_per_block * m.smem_cols))
         self.decl("int", "lane", "tid & 31")
         self.decl("int", "warp", "tid >> 5")
         if kr.prelude:  # hoisted values: every thread of the block shares the columns

@@ -1,0 +1,147 @@
+"""Plans chosen by the latency evaluator (tf_fusionstitch/gpu_choice.py):
+where the thresholds' choice holds, where the evaluator changes it and why,
+and that every chosen or candidate plan still computes the right thing in
+the C++ emulation of the CUDA schedule. TF-free; emulation needs g++."""
+
+import gpu_edge_clusters as edge
+import numpy as np
+import pytest
+
+from tf_fusionstitch import gpu_choice, gpu_cost, gpu_kernels, patterns
+from tf_fusionstitch.gpu_schedule import plan_gpu
+from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
+from tf_fusionstitch.schedule import build_schedule
+
+N = None
+GPUS = ("V100", "A100", "H100")
+PATTERNS = patterns.standard_patterns()
+
+
+def emulate_plan(cluster, plan, inputs, reverse_threads=False):
+    path = gpu_kernels.build_emulation(cluster, reverse_threads, plan=plan)
+    return CpuKernel(path).run(inputs, threads=2, forward=True)
+
+
+def _softmax_ref(x):
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def check_softmax(cluster, plan, x, reverse_threads=False):
+    (y,) = emulate_plan(cluster, plan, [x], reverse_threads)
+    np.testing.assert_allclose(y, _softmax_ref(x), rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_large_memory_bound_patterns_keep_the_thresholds_plan(gpu):
+    """At 16384 rows every standard pattern is bound by DRAM bandwidth: no
+    mapping is predicted faster, so the thresholds' plan stays."""
+    for name, p in PATTERNS.items():
+        s = build_schedule(p.cluster)
+        chosen, default = plan_gpu(s, gpu), plan_gpu(s)
+        assert (chosen.mapping, chosen.kernel.buffers) == (
+            default.mapping, default.kernel.buffers), (name, gpu_choice.describe(chosen))
+        e = gpu_cost.estimate(chosen, gpu, gpu_choice.ASSUMED_ROWS)
+        assert e.memory_s >= e.compute_s, name
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_few_rows_of_768_take_a_block_each_instead_of_a_warp(gpu):
+    """64 rows at 8 warps per block would run on 8 SMs; a block per row
+    spreads them over 64 and the evaluator predicts that faster."""
+    s = build_schedule(PATTERNS["layernorm_768"].cluster)
+    assert plan_gpu(s).mapping.kind == "warp"
+    chosen = plan_gpu(s, gpu, rows=64)
+    assert chosen.mapping.kind == "block"
+    assert gpu_cost.estimate(chosen, gpu, 64).blocks == 64
+    assert plan_gpu(s, gpu, rows=64 * 1024).mapping.kind == "warp"
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_four_very_long_rows_take_the_largest_block(gpu):
+    """4 rows x 65536: four blocks in all, each thread's column loop is the
+    critical path; 1024 threads a row shorten it fourfold against 256."""
+    s = build_schedule(edge.softmax((4, 65536)))
+    chosen, default = plan_gpu(s, gpu), plan_gpu(s)
+    assert (chosen.mapping.kind, chosen.mapping.block_threads) == ("block", 1024)
+    assert default.mapping.block_threads == 256
+    fast = gpu_cost.estimate(chosen, gpu, 4).latency_s
+    assert fast * 3 < gpu_cost.estimate(default, gpu, 4).latency_s
+
+
+def test_tiny_rows_are_packed_a_thread_each():
+    """Rows of 2 columns: a thread per row keeps every lane busy, a warp per
+    row idles 30 lanes; the evaluator prefers packing on every GPU."""
+    s = build_schedule(edge.softmax((N, 2)))
+    for gpu in GPUS:
+        scored = gpu_choice.score_all(s, gpu)
+        best = {kind: min(c.estimate.latency_s for c in scored if c.plan.mapping.kind == kind)
+                for kind in ("thread", "warp", "block")}
+        assert best["thread"] * 2 < best["warp"] < best["block"], (gpu, best)
+        assert plan_gpu(s, gpu).mapping.kind == "thread"
+
+
+def test_expensive_values_are_tried_both_ways():
+    """softmax_3000 buffers its exponentials; the candidates also recompute
+    them, which costs the exp again and one more pass over x. The buffer wins
+    here (the row fits 12 KB of shared memory)."""
+    s = build_schedule(PATTERNS["softmax_3000"].cluster)
+    scored = gpu_choice.score_all(s, "H100")
+    by = {(gpu_choice.describe(c.plan)): c.estimate for c in scored}
+    buf, rec = by["block 256 +1buf"], by["block 256"]
+    assert rec.warp_cycles > buf.warp_cycles
+    assert rec.wave_cycles > buf.wave_cycles
+    recomputed = [c.plan for c in scored if not c.plan.kernel.buffers]
+    assert all(any("recomputed by choice (e)" in d for d in p.dropped) for p in recomputed)
+    assert plan_gpu(s, "H100").kernel.buffers
+
+
+def test_a_row_count_known_statically_is_used():
+    s = build_schedule(edge.softmax((4, 65536)))
+    assert gpu_choice.row_count(s) == 4
+    assert gpu_choice.row_count(build_schedule(edge.softmax((N, 8)))) is None
+
+
+# -- the chosen plans compute the right thing -------------------------------
+
+CHOSEN_CASES = [  # (cluster, rows the plan is chosen for, rows emulated)
+    (edge.softmax((4, 65536)), None, 4),
+    (edge.softmax((N, 2)), None, 300),
+    (edge.softmax((N, 16)), None, 300),
+]
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+@pytest.mark.parametrize("case", range(len(CHOSEN_CASES)))
+def test_chosen_plans_match_numpy_in_the_emulation(gpu, case):
+    cluster, rows, emulated = CHOSEN_CASES[case]
+    plan = plan_gpu(build_schedule(cluster), gpu, rows)
+    width = cluster.inputs[0][1].shape[1]
+    x = np.random.default_rng(case).standard_normal((emulated, width)).astype(np.float32) * 4
+    check_softmax(cluster, plan, x, reverse_threads=gpu == "A100")
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_chosen_layernorm_for_few_rows_matches_numpy(gpu):
+    pat = PATTERNS["layernorm_768"]
+    plan = plan_gpu(build_schedule(pat.cluster), gpu, rows=64)
+    inputs = pat.make_inputs(np.random.default_rng(1), 37)
+    for got, want in zip(emulate_plan(pat.cluster, plan, inputs), pat.reference(inputs)):
+        np.testing.assert_allclose(got, want, rtol=pat.rtol, atol=pat.atol)
+
+
+def test_every_candidate_of_a_short_softmax_matches_numpy():
+    """All mappings the evaluator may pick (thread x128-1024, warp x1-32,
+    block 128-1024), buffered and recomputed, over row counts that leave
+    partial blocks. 14 mappings x 2, less one: 1024 rows' buffers (64 KiB)
+    exceed the shared memory budget."""
+    c = edge.softmax((N, 16))
+    plans = gpu_choice.candidate_plans(build_schedule(c))
+    kinds = {(p.mapping.kind, p.mapping.block_threads, bool(p.kernel.buffers)) for p in plans}
+    assert len(kinds) == len(plans) == 27
+    assert ("thread", 1024, True) not in kinds
+    rng = np.random.default_rng(7)
+    for i, plan in enumerate(plans):
+        x = rng.standard_normal((1 + 131 * (i % 3), 16)).astype(np.float32) * 4
+        check_softmax(c, plan, x, reverse_threads=bool(i % 2))

@@ -1,0 +1,388 @@
+"""FusionStitching's latency evaluator for one GPU plan (PAPERS.md section 1).
+
+    latency = max(memory time, waves x wave time)
+
+- *memory time*: the bytes the kernel must move through DRAM (every input
+  read once, every output written once) over the GPU's DRAM bandwidth.
+- *occupancy*: blocks resident per SM from the block size, registers (ptxas'
+  count when given, else `estimate_registers`) and shared memory
+  (`shared_bytes`, as the printer allocates it), by gpu_occupancy.py.
+- *waves* = ceil(blocks / (SMs x resident blocks per SM)).
+- *wave time*: a warp's issue cost `warp_cycles` (instructions weighted by
+  their issue cycles: global and shared accesses by the 32-byte sectors a
+  warp touches, transcendentals by their libm instruction counts, shuffle
+  steps and barriers) times the warps sharing a scheduler, or, when too few
+  warps are resident to hide memory latency, that cost plus the DRAM round
+  trips of the warp's own dependent loads.
+
+It ranks candidate plans (gpu_schedule.choose_plan); its absolute numbers
+are estimates, not measurements. No TensorFlow import here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional, Union
+
+from tf_fusionstitch.codegen import kernel_ir as k
+from tf_fusionstitch.fusion_ir import EXPENSIVE
+from tf_fusionstitch.gpu_occupancy import SM_LIMITS, SmLimits, blocks_per_sm
+from tf_fusionstitch.schedule import ELEMENTWISE_TILE
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    arch: str                 # key of gpu_occupancy.SM_LIMITS (per-SM limits)
+    sms: int
+    dram_bytes_per_s: float
+    clock_hz: float           # boost clock
+    smem_per_block: int       # most shared memory one block may use (opt-in)
+
+    @property
+    def sm(self) -> SmLimits:
+        return SM_LIMITS[self.arch]
+
+
+# Public spec sheets. V100: SXM2, 80 SMs, 900 GB/s HBM2, 1530 MHz boost, 96 KiB
+# shared per SM and block (Volta whitepaper, CUDA guide cc 7.0). A100: SXM4
+# 40 GB, 108 SMs, 1555 GB/s HBM2, 1410 MHz, 164 KiB per SM / 163 KiB per block
+# (Ampere whitepaper, cc 8.0). H100: SXM5, 132 SMs, 3.35 TB/s HBM3, 1980 MHz,
+# 228 KiB per SM / 227 KiB per block (H100 datasheet, cc 9.0). H200: the H100
+# chip with 4.8 TB/s HBM3e (H200 datasheet). Threads, blocks and registers per
+# SM (2048, 32, 64K) are the same on all four (CUDA guide, compute capabilities).
+GPUS = {
+    "V100": GpuSpec("V100", "sm_70", 80, 900e9, 1.530e9, 96 * 1024),
+    "A100": GpuSpec("A100", "sm_80", 108, 1555e9, 1.410e9, 163 * 1024),
+    "H100": GpuSpec("H100", "sm_90", 132, 3.35e12, 1.980e9, 227 * 1024),
+    "H200": GpuSpec("H200", "sm_90", 132, 4.8e12, 1.980e9, 227 * 1024),
+}
+
+WARP = 32
+SCHEDULERS = 4                # warp schedulers per SM (Volta to Hopper)
+# An L2 miss; microbenchmarks put it at roughly 450-1000 cycles on these parts.
+# A round, assumed number: it only decides when few warps cannot hide latency.
+DRAM_LATENCY_CYCLES = 600
+SECTOR = 32                   # bytes the L1 moves per access unit
+BARRIER_CYCLES = 20
+SHUFFLE_CYCLES = 2            # a shfl per 32-bit word
+LOOP_CYCLES = 2               # counter, compare and branch per column
+DIVMOD_CYCLES = 20            # a 64-bit / and % of a run-time extent
+# nvcc unrolls a strided loop about 4 times, so that many columns' loads are
+# in flight per thread; a fully unrolled loop has all of them in flight.
+STRIDED_UNROLL = 4
+# Instructions of CUDA's libm sequences (no fast math, --fmad=false), roughly:
+# a MUFU approximation plus range reduction and refinement.
+EXPENSIVE_CYCLES = {"exp": 8, "expm1": 12, "log": 10, "log1p": 12, "tanh": 14,
+                    "sigmoid": 14, "elu": 10, "selu": 10, "softplus": 20, "erf": 16,
+                    "erfc": 20, "sin": 20, "cos": 20, "pow": 40, "div": 10,
+                    "reciprocal": 8, "rsqrt": 4, "sqrt": 8}
+assert set(EXPENSIVE_CYCLES) == set(EXPENSIVE)
+
+# Register estimate (when ptxas has not counted them): a fixed part for
+# thread and row indices, loop state and addresses (ptxas keeps kernel
+# parameters in the constant bank until used), the values that stay live, and
+# at most BODY_REGISTERS of a loop body's temporaries (the compiler reorders
+# a body to keep few of them live). Fitted to ptxas for the standard patterns.
+BASE_REGISTERS = 18
+BODY_REGISTERS = 8
+
+_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8,
+          "bool": 1}
+# Compute type's width (16-bit floats compute in float32; printer.COMPUTE).
+_WORDS = {"float16": 1, "bfloat16": 1, "float32": 1, "float64": 2, "int32": 1, "int64": 2,
+          "bool": 1}
+
+
+def spec(gpu: Union[str, GpuSpec]) -> GpuSpec:
+    if isinstance(gpu, GpuSpec):
+        return gpu
+    if gpu not in GPUS:
+        raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}")
+    return GPUS[gpu]
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    registers: int
+    shared_bytes: int
+    blocks: int
+    blocks_per_sm: int
+    occupancy: float          # resident warps over the SM's maximum
+    waves: int
+    warp_cycles: float        # one warp's issue cost
+    wave_cycles: float
+    memory_s: float
+    compute_s: float
+
+    @property
+    def latency_s(self) -> float:
+        return max(self.memory_s, self.compute_s)
+
+
+def _row_cols(plan) -> Optional[int]:
+    s = plan.schedule
+    extents = [s.static_extent[a] for a in s.col_axes]
+    return None if any(e is None for e in extents) else math.prod(extents)
+
+
+def work_items(plan, rows: int, cols: int) -> tuple:
+    """(work items, columns per item): a tiled cluster's row is several items."""
+    if plan.kernel.tiled and plan.kernel.col_groups:
+        return rows * max(1, -(-cols // ELEMENTWISE_TILE)), min(cols, ELEMENTWISE_TILE)
+    return rows, cols
+
+
+# -- shared memory -----------------------------------------------------------
+
+def shared_bytes(plan) -> int:
+    """Static shared memory of the printed kernel (codegen/gpu_printer.py):
+    hoisted columns, per-row buffers (one per reuse slot), and per-warp
+    reduction partials when a block runs a row."""
+    m, kr = plan.mapping, plan.kernel
+    total = sum(_BYTES[_compute(d)] for d in kr.hoisted.values()) * (m.smem_cols or 0)
+    total += sum(_BYTES[_compute(d)] for d in slot_dtypes(kr).values()) \
+        * m.rows_per_block * (m.smem_cols or 0)
+    if m.warps_per_row > 1:
+        for accs in kr.accumulators:
+            for a in accs:
+                total += m.warps_per_row * (_acc_bytes(a) + (4 if _tracks_nan(a) else 0))
+    return total
+
+
+def buffer_slots(kernel: k.Kernel) -> dict:
+    """Buffered value -> the shared array it lives in (the first value of its
+    slot). A thread reads and writes only its own columns of a buffer in
+    every loop, so a buffer whose last read is in an earlier loop than
+    another's first write can hand its array over without a barrier."""
+    first_store, last_load = {}, {}
+    for loop, body in enumerate(kernel.loops):
+        for st in body:
+            if isinstance(st, k.BufStore) and st.pool == "b":
+                first_store.setdefault(st.src, loop)
+            elif isinstance(st, k.BufLoad) and st.pool == "b":
+                last_load[st.src] = loop
+    slots = {}          # slot name -> (compute dtype, loop of its last read)
+    out = {}
+    for v in sorted(kernel.buffers, key=lambda v: (first_store.get(v, 0), v)):
+        ctype = _compute(kernel.buffers[v])
+        free = [n for n, (d, end) in slots.items()
+                if d == ctype and end < first_store.get(v, 0)]
+        name = free[0] if free else v
+        slots[name] = (ctype, last_load.get(v, first_store.get(v, 0)))
+        out[v] = name
+    return out
+
+
+def slot_dtypes(kernel: k.Kernel) -> dict:
+    """Shared array name -> compute dtype, one per reuse slot."""
+    return {slot: _compute(kernel.buffers[slot]) for slot in set(buffer_slots(kernel).values())}
+
+
+def _compute(dtype: str) -> str:
+    return "float32" if dtype in ("float16", "bfloat16") else dtype
+
+
+def _acc_bytes(a: k.Accumulate) -> int:
+    if a.kind in ("reduce_any", "reduce_all"):
+        return 4
+    if a.kind == "reduce_mean" and a.dtype == "int32":
+        return 8
+    return _BYTES[_compute(a.dtype)]
+
+
+def _tracks_nan(a: k.Accumulate) -> bool:
+    return a.kind in ("reduce_max", "reduce_min") and a.dtype in (
+        "float16", "bfloat16", "float32", "float64")
+
+
+# -- registers ---------------------------------------------------------------
+
+def estimate_registers(plan) -> int:
+    """32-bit registers per thread: BASE_REGISTERS, the register-cached
+    columns, accumulators, row values read inside loops, and the widest loop
+    body's values up to BODY_REGISTERS."""
+    kr = plan.kernel
+    regs = BASE_REGISTERS
+    regs += sum(_WORDS[_cached_dtype(kr, v)] for v in plan.register_cached) \
+        * (plan.cols_per_thread or 0)
+    regs += sum(_acc_bytes(a) // 4 + _tracks_nan(a) for accs in kr.accumulators for a in accs)
+    row_values = {st.dst: st.dtype for seg in kr.segments for st in seg  # constants: immediates
+                  if isinstance(st, (k.Load, k.Compute, k.Finish))
+                  and getattr(st, "prim", None) != "const"}
+    used_in_loops = {a for body in kr.loops for st in body for a in _reads(st)}
+    regs += sum(_WORDS[d] for v, d in row_values.items() if v in used_in_loops)
+    regs += min(BODY_REGISTERS, max((sum(_WORDS[st.dtype] for st in body
+                                         if isinstance(st, (k.Load, k.Compute, k.BufLoad)))
+                                     for body in kr.loops), default=0))
+    return min(regs, 255)
+
+
+def _reads(st) -> tuple:
+    if isinstance(st, k.Compute):
+        return st.args
+    if isinstance(st, (k.Store, k.BufStore, k.Accumulate)):
+        return (st.src,)
+    return ()
+
+
+def _cached_dtype(kr: k.Kernel, name: str) -> str:
+    for body in kr.loops:
+        for st in body:
+            if isinstance(st, k.Load) and st.dst == name:
+                return st.dtype
+    raise KeyError(name)
+
+
+# -- a warp's instruction cost -----------------------------------------------
+
+def warp_cycles(plan, cols: int) -> float:
+    """Issue cycles of one warp running its share of one work item (a thread
+    per row: 32 rows at once) with `cols` columns per item."""
+    m, kr = plan.mapping, plan.kernel
+    per_thread = -(-cols // m.row_threads)
+    cycles = DIVMOD_CYCLES * len(kr.row_groups)
+    for seg in kr.segments:
+        cycles += sum(_stmt_cycles(st, plan, cols, in_loop=False, loop=-1) for st in seg)
+    col_index = DIVMOD_CYCLES * (len(kr.col_groups) - 1)
+    for loop, body in enumerate(kr.loops):
+        per_col = LOOP_CYCLES + col_index + sum(
+            _stmt_cycles(st, plan, cols, in_loop=True, loop=loop) for st in body)
+        per_col += sum(1 + _tracks_nan(a) for a in kr.accumulators[loop])
+        cycles += per_thread * per_col
+        cycles += _reduction_cycles(kr.accumulators[loop], m)
+    if kr.prelude:  # hoisted columns: the block's threads share them, then a barrier
+        per_col = LOOP_CYCLES + sum(_stmt_cycles(st, plan, cols, True, -1) for st in kr.prelude)
+        cycles += -(-cols // m.block_threads) * per_col + BARRIER_CYCLES
+    return float(cycles)
+
+
+def _reduction_cycles(accs, m) -> float:
+    if not accs or m.row_threads == 1:
+        return 0.0
+    words = sum(_acc_bytes(a) // 4 + _tracks_nan(a) for a in accs)
+    combine = sum(1 + _tracks_nan(a) for a in accs)
+    cycles = 5 * (SHUFFLE_CYCLES * words + combine)        # xor tree over 32 lanes
+    if m.warps_per_row > 1:   # partials through shared memory, a barrier, every thread combines
+        cycles += BARRIER_CYCLES + m.warps_per_row * (words + combine)
+    return float(cycles)
+
+
+def _stmt_cycles(st, plan, cols: int, in_loop: bool, loop: int) -> float:
+    m, kr = plan.mapping, plan.kernel
+    if isinstance(st, k.Compute):
+        if st.prim in ("const", "reshape", "broadcast_to"):
+            return 0.0
+        width = 2 if _compute(st.dtype) in ("float64", "int64") or \
+            _compute(st.arg_dtype) in ("float64", "int64") else 1
+        return float(EXPENSIVE_CYCLES.get(st.prim, 1) * width)
+    if isinstance(st, k.Load) and in_loop and st.dst in plan.register_cached \
+            and loop > _first_load_loop(kr, st.dst):
+        return 0.0           # this thread's register from an earlier loop
+    if isinstance(st, (k.Load, k.Store)):
+        return float(_sectors(kr.tensors[st.tensor], st.dtype, m, cols, in_loop, kr.row_groups))
+    if isinstance(st, (k.BufLoad, k.BufStore)):
+        return float(max(1, WARP * _BYTES[_compute(st.dtype)] // SECTOR))
+    return 1.0               # Finish and the like
+
+
+def _first_load_loop(kr: k.Kernel, name: str) -> int:
+    for loop, body in enumerate(kr.loops):
+        if any(isinstance(st, k.Load) and st.dst == name for st in body):
+            return loop
+    return -1
+
+
+def _sectors(tensor: k.Tensor, dtype: str, m, cols: int, in_loop: bool,
+             row_groups) -> int:
+    """32-byte sectors one warp-wide access touches. Lanes of a warp or block
+    per row read consecutive columns; lanes of a thread per row read one
+    row each, a row's length apart (row values: consecutive rows)."""
+    b = _BYTES[dtype]
+    if m.kind != "thread":
+        return max(1, WARP * b // SECTOR) if in_loop else 1
+    if not any(g in row_groups for g in tensor.groups):
+        return 1                             # the same element for every lane
+    stride = cols * b if in_loop else b
+    return min(WARP, max(1, -(-WARP * stride // SECTOR)))
+
+
+# -- the evaluator -----------------------------------------------------------
+
+def dram_bytes(plan, rows: int, cols: int) -> int:
+    """Every input read once and every output written once (tensors spanning
+    only rows, or only columns, count that many elements)."""
+    kr = plan.kernel
+    total = 0
+    for tn in kr.tensors:
+        n = 1
+        if any(g in kr.row_groups for g in tn.groups):
+            n *= rows
+        if any(g in kr.col_groups for g in tn.groups):
+            n *= cols
+        total += n * _BYTES[tn.dtype]
+    return total
+
+
+def estimate(plan, gpu: Union[str, GpuSpec], rows: int, cols: Optional[int] = None,
+             registers: Optional[int] = None) -> Estimate:
+    """The predicted latency of `plan` on `gpu` for `rows` rows (the product
+    of the row extents) of `cols` columns (default: the static row length)."""
+    g = spec(gpu)
+    cols = _row_cols(plan) if cols is None else cols
+    if cols is None:
+        raise ValueError("the row length is dynamic: pass the columns to assume")
+    m = plan.mapping
+    regs = estimate_registers(plan) if registers is None else registers
+    smem = shared_bytes(plan)
+    items, item_cols = work_items(plan, rows, cols)
+    blocks = -(-items // m.rows_per_block)
+    bps = blocks_per_sm(g.arch, m.block_threads, regs, smem) if smem <= g.smem_per_block else 0
+    warps_per_block = m.block_threads // WARP
+    occ = bps * warps_per_block * WARP / g.sm.max_threads
+    w_cycles = warp_cycles(plan, item_cols)
+    moved = dram_bytes(plan, rows, cols)
+    memory_s = moved / g.dram_bytes_per_s
+    if bps == 0:
+        return Estimate(regs, smem, blocks, 0, 0.0, 0, w_cycles, math.inf, memory_s, math.inf)
+    if blocks == 0:
+        return Estimate(regs, smem, 0, bps, occ, 0, w_cycles, 0.0, memory_s, 0.0)
+    waves = -(-blocks // (g.sms * bps))
+    # Little's law: resident warps keep only so many bytes in flight per DRAM
+    # round trip; too few of them cannot reach the peak bandwidth.
+    warps = min(blocks, g.sms * bps) * warps_per_block
+    in_flight = warps * WARP * bytes_in_flight(plan, item_cols)
+    memory_s = max(memory_s, moved * DRAM_LATENCY_CYCLES / g.clock_hz / max(in_flight, 1))
+    resident = min(bps, -(-blocks // g.sms)) * warps_per_block
+    issue = w_cycles * -(-resident // SCHEDULERS)
+    wave_cycles = max(issue, w_cycles + _latency_chain(plan, item_cols))
+    return Estimate(regs, smem, blocks, bps, occ, waves, w_cycles, wave_cycles, memory_s,
+                    waves * wave_cycles / g.clock_hz)
+
+
+def _in_flight_cols(plan, cols: int) -> int:
+    per_thread = -(-cols // plan.mapping.row_threads)
+    return max(1, per_thread if plan.cols_per_thread else min(per_thread, STRIDED_UNROLL))
+
+
+def bytes_in_flight(plan, cols: int) -> int:
+    """Bytes one thread has requested at once: its first loop's global loads
+    for the columns in flight."""
+    first = plan.kernel.loops[0] if plan.kernel.loops else []
+    per_col = sum(_BYTES[st.dtype] for st in first if isinstance(st, k.Load))
+    return per_col * _in_flight_cols(plan, cols)
+
+
+def _latency_chain(plan, cols: int) -> float:
+    """DRAM round trips a warp waits for in sequence: per loop that loads
+    from global memory, one per batch of columns in flight."""
+    per_thread = -(-cols // plan.mapping.row_threads)
+    in_flight = _in_flight_cols(plan, cols)
+    trips = 0
+    for loop, body in enumerate(plan.kernel.loops):
+        if any(isinstance(st, k.Load) and not (st.dst in plan.register_cached
+                                               and loop > _first_load_loop(plan.kernel, st.dst))
+               for st in body):
+            trips += -(-per_thread // in_flight)
+    return float(trips * DRAM_LATENCY_CYCLES)
