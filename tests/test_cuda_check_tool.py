@@ -26,3 +26,21 @@ def test_errors_beyond_tolerance_fail_the_run(tmp_path):
     with no tolerance at all, the tool must report the difference."""
     res = run_tool(tmp_path, "--rtol=0", "--atol=0")
     assert res.returncode == 1 and "FAILED: errors beyond tolerance" in res.stdout, res.stdout
+
+
+def test_gpu_flag_chooses_plans_and_prints_their_predicted_latency(tmp_path):
+    """64 rows of 768 columns: the evaluator gives each row a block (the
+    thresholds would pack 8 rows a block onto 8 SMs); the kernel it chose is
+    the one compiled and emulated."""
+    spec = tmp_path / "layernorm_768.json"
+    spec.write_text(patterns.layernorm(768).cluster.to_json())
+    res = subprocess.run([sys.executable, "-m", "tf_fusionstitch.tools.cuda_check",
+                          "--nopatterns", f"--clusters={spec}", "--arch=sm_90", "--rows=0,5",
+                          "--gpu=H100", "--gpu_rows=64"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "H100 us" in res.stdout.splitlines()[0]
+    (line,) = [l for l in res.stdout.splitlines() if l.startswith("layernorm_768 ")]
+    assert line.split()[1:3] == ["block", "256"] and line.endswith("yes")
+    micros = float(line.split("(")[0].split()[-1])
+    assert 0 < micros < 100
