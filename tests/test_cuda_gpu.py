@@ -6,6 +6,7 @@ runs through cupy.RawModule at odd row counts and must match NumPy within
 the pattern's tolerance, as the emulation does on the CPU. TF-free.
 """
 
+import gpu_edge_clusters as edge
 import numpy as np
 import pytest
 
@@ -53,6 +54,23 @@ def test_launches_cover_every_work_item_once():
     assert launches(13, 8) == [(0, 13, 2)]
     big = (2**31 - 1) * 8 + 5
     assert launches(big, 8) == [(0, big - 5, 2**31 - 1), (big - 5, big, 1)]
+
+
+@needs_gpu
+def test_plans_chosen_for_this_device_match_numpy():
+    """The latency evaluator's plans for the device: 4 static rows of 65536
+    columns (a block of 1024 per row on the GPUs gpu_cost knows), and a
+    softmax of dynamic rows (chosen for gpu_choice.ASSUMED_ROWS)."""
+    long_rows = edge.softmax((4, 65536))
+    x = np.random.default_rng(4).standard_normal((4, 65536)).astype(np.float32) * 4
+    (y,) = (o.get() for o in gpu_kernels.load_cuda(long_rows, gpu="auto").run([x]))
+    e = np.exp(x.astype(np.float64) - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(y, e / e.sum(-1, keepdims=True), rtol=2e-5, atol=1e-6)
+    pattern = PATTERNS["softmax_3000"]
+    inputs = pattern.make_inputs(np.random.default_rng(5), 77)
+    kernel = gpu_kernels.load_cuda(pattern.cluster, gpu="auto")
+    for got, want in zip((o.get() for o in kernel.run(inputs)), pattern.reference(inputs)):
+        np.testing.assert_allclose(got, want, rtol=pattern.rtol, atol=pattern.atol)
 
 
 @needs_gpu

@@ -7,8 +7,9 @@ import gpu_edge_clusters as edge
 import numpy as np
 import pytest
 
-from tf_fusionstitch import gpu_choice, gpu_cost, gpu_kernels, patterns
+from tf_fusionstitch import gpu_choice, gpu_cost, gpu_kernels, gpu_occupancy, patterns
 from tf_fusionstitch.gpu_schedule import plan_gpu
+from tf_fusionstitch.runtime import nvrtc
 from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
 from tf_fusionstitch.schedule import build_schedule
 
@@ -145,3 +146,19 @@ def test_every_candidate_of_a_short_softmax_matches_numpy():
     for i, plan in enumerate(plans):
         x = rng.standard_normal((1 + 131 * (i % 3), 16)).astype(np.float32) * 4
         check_softmax(c, plan, x, reverse_threads=bool(i % 2))
+
+
+@pytest.mark.skipif(nvrtc.nvrtc_version() is None or nvrtc.ptxas_path() is None,
+                    reason="needs NVRTC and ptxas")
+@pytest.mark.parametrize("case", range(len(CHOSEN_CASES)))
+def test_chosen_plans_compile_without_spills_at_the_registers_their_block_allows(case):
+    """A 1024-thread block leaves 64 registers a thread; __launch_bounds__
+    tells ptxas so, and it must not spill."""
+    cluster, _, _ = CHOSEN_CASES[case]
+    for gpu in ("A100", "H100"):
+        arch = gpu_cost.GPUS[gpu].arch
+        generated, builds = gpu_kernels.compile_cuda(cluster, (arch,), gpu=gpu)
+        res = builds[arch].resources
+        assert (res.spill_stores, res.spill_loads, res.stack_bytes) == (0, 0, 0), res
+        threads = generated.plan.mapping.block_threads
+        assert gpu_occupancy.blocks_per_sm(arch, threads, res.registers, res.shared_bytes) >= 1

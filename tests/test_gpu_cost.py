@@ -138,6 +138,13 @@ def test_dynamic_rows_need_an_assumed_length():
         gpu_cost.spec("Z80")
 
 
+def test_device_names_map_to_specs():
+    assert gpu_cost.gpu_named("NVIDIA H200") == "H200"
+    assert gpu_cost.gpu_named("NVIDIA A100-SXM4-40GB") == "A100"
+    assert gpu_cost.gpu_named("Tesla V100-SXM2-16GB") == "V100"
+    assert gpu_cost.gpu_named("NVIDIA GeForce RTX 4090") is None
+
+
 def _printer_shared_bytes(plan) -> int:
     body = gpu_printer._GpuBody(plan, gpu_printer.CUDA)
     return sum(_CTYPE_BYTES[ctype] * count for _, ctype, count in body.shared)

@@ -103,6 +103,13 @@ def spec(gpu: Union[str, GpuSpec]) -> GpuSpec:
     return GPUS[gpu]
 
 
+def gpu_named(device_name: str) -> Optional[str]:
+    """The GPUS key that a device name such as 'NVIDIA H100 80GB HBM3'
+    contains, or None."""
+    found = [key for key in GPUS if key in device_name.upper()]
+    return found[0] if len(found) == 1 else None
+
+
 @dataclasses.dataclass(frozen=True)
 class Estimate:
     registers: int

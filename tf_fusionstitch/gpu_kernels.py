@@ -18,6 +18,7 @@ import pathlib
 from typing import Dict, Optional, Sequence
 
 from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch import gpu_cost
 from tf_fusionstitch.codegen.generate import (GeneratedCudaKernel, generate_cuda,
                                               generate_gpu_emulation)
 from tf_fusionstitch.codegen.gpu_printer import KERNEL_NAME, NVRTC_OPTIONS
@@ -69,11 +70,16 @@ def host_shape(generated: GeneratedCudaKernel, timeout: float = 120) -> HostShap
                      generated.n_ext)
 
 
-def load_cuda(cluster: ir.Cluster) -> CudaKernel:
+def load_cuda(cluster: ir.Cluster, gpu=None) -> CudaKernel:
     """The cluster's CUDA kernel on the current GPU (needs CuPy and a GPU),
-    compiled by NVRTC for the device's architecture with NVRTC_OPTIONS."""
+    compiled by NVRTC for the device's architecture with NVRTC_OPTIONS; its
+    plan chosen for `gpu` (a gpu_cost.GPUS name; "auto": the one the
+    device's name contains, if any; None: the thresholds)."""
     import cupy
-    generated = generate_cuda(cluster)
+    if gpu == "auto":
+        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+        gpu = gpu_cost.gpu_named(name.decode() if isinstance(name, bytes) else name)
+    generated = generate_cuda(cluster, gpu)
     arch = "sm_" + cupy.cuda.Device().compute_capability
     cubin = nvrtc.cached_cubin(generated.source, arch, NVRTC_OPTIONS)
     c = generated.plan.schedule.cluster
