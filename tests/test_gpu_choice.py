@@ -98,6 +98,23 @@ def test_expensive_values_are_tried_both_ways():
     assert plan_gpu(s, "H100").kernel.buffers
 
 
+def test_an_elementwise_batch_in_the_tiled_axis_is_assumed_large():
+    """exp over [N, 64] coalesces into one tiled axis (no row axes): it is
+    evaluated at ASSUMED_ROWS x ASSUMED_COLS elements, not one row of 1024,
+    and, bound by memory, keeps 4096-column items of 256 threads."""
+    from tf_fusionstitch import fusion_ir as ir
+    t = ir.TensorType("float32", (N, 64))
+    c = ir.Cluster((("x", t),), (ir.make_op("y", "exp", ["x"], t),), ("y",))
+    s = build_schedule(c)
+    rows, cols = gpu_choice._extents(s, None)
+    assert (rows, cols) == (1, gpu_choice.ASSUMED_ROWS * gpu_choice.ASSUMED_COLS)
+    for gpu in GPUS:
+        plan = plan_gpu(s, gpu)
+        assert (plan.mapping.kind, plan.mapping.block_threads) == ("block", 256)
+        e = gpu_cost.estimate(plan, gpu, rows, cols)
+        assert e.blocks == cols // 4096 and e.memory_s > e.compute_s
+
+
 def test_a_row_count_known_statically_is_used():
     s = build_schedule(edge.softmax((4, 65536)))
     assert gpu_choice.row_count(s) == 4

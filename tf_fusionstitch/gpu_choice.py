@@ -97,10 +97,17 @@ def score_all(s: Schedule, gpu, rows: Optional[int] = None) -> List[Scored]:
 
 
 def _extents(s: Schedule, rows: Optional[int]) -> tuple:
+    """(rows, columns) to evaluate for. Without reductions a dynamic batch may
+    sit in the column (tiled) axes, leaving no row axes: assume as many
+    elements in all as ASSUMED_ROWS rows of ASSUMED_COLS."""
     if rows is None:
         rows = row_count(s) or ASSUMED_ROWS
     cols = static_cols(s)
-    return rows, ASSUMED_COLS if cols is None else cols
+    if cols is None:
+        cols = ASSUMED_COLS
+        if s.tiled:
+            cols = max(cols, ASSUMED_ROWS * ASSUMED_COLS // max(rows, 1))
+    return rows, cols
 
 
 def choose_plan(s: Schedule, gpu, rows: Optional[int] = None,
