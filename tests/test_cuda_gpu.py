@@ -59,8 +59,9 @@ def test_launches_cover_every_work_item_once():
 @needs_gpu
 def test_plans_chosen_for_this_device_match_numpy():
     """The latency evaluator's plans for the device: 4 static rows of 65536
-    columns (a block of 1024 per row on the GPUs gpu_cost knows), and a
-    softmax of dynamic rows (chosen for gpu_choice.ASSUMED_ROWS)."""
+    columns (on the GPUs gpu_cost knows, each row split over 16-32 blocks:
+    three launches through a workspace), and a softmax of dynamic rows
+    (chosen for gpu_choice.ASSUMED_ROWS)."""
     long_rows = edge.softmax((4, 65536))
     x = np.random.default_rng(4).standard_normal((4, 65536)).astype(np.float32) * 4
     (y,) = (o.get() for o in gpu_kernels.load_cuda(long_rows, gpu="auto").run([x]))

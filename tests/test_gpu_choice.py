@@ -60,15 +60,30 @@ def test_few_rows_of_768_take_a_block_each_instead_of_a_warp(gpu):
 
 
 @pytest.mark.parametrize("gpu", GPUS)
-def test_four_very_long_rows_take_the_largest_block(gpu):
-    """4 rows x 65536: four blocks in all, each thread's column loop is the
-    critical path; 1024 threads a row shorten it fourfold against 256."""
+def test_four_very_long_rows_are_split_across_blocks(gpu):
+    """4 rows x 65536: unsplit, four blocks in all and each thread's column
+    loop is the critical path (1024 threads a row shorten it fourfold
+    against 256); split over 16-32 blocks a row, the loops shrink again at
+    the price of a launch per reduction (AStitch's split of long rows)."""
     s = build_schedule(edge.softmax((4, 65536)))
+    scored = gpu_choice.score_all(s, gpu)
+    unsplit = {c.plan.mapping.block_threads: c.estimate.latency_s for c in scored
+               if c.plan.mapping.kind == "block" and c.plan.mapping.row_blocks == 1}
+    assert unsplit[1024] * 3 < unsplit[256]
     chosen, default = plan_gpu(s, gpu), plan_gpu(s)
-    assert (chosen.mapping.kind, chosen.mapping.block_threads) == ("block", 1024)
-    assert default.mapping.block_threads == 256
-    fast = gpu_cost.estimate(chosen, gpu, 4).latency_s
-    assert fast * 3 < gpu_cost.estimate(default, gpu, 4).latency_s
+    assert chosen.mapping.kind == "block" and chosen.mapping.row_blocks >= 16
+    assert default.mapping.block_threads == 256 and default.mapping.row_blocks == 1
+    fast = gpu_cost.estimate(chosen, gpu, 4)
+    assert fast.blocks == 4 * chosen.mapping.row_blocks
+    assert fast.latency_s < min(unsplit.values())
+
+
+def test_many_long_rows_are_not_split():
+    """64 rows x 30000 fill the SMs' blocks with 1024 threads a row; two
+    more launches would cost more than the split saves."""
+    s = build_schedule(edge.softmax((64, 30000)))
+    for gpu in GPUS:
+        assert plan_gpu(s, gpu).mapping.row_blocks == 1
 
 
 def test_tiny_rows_are_packed_a_thread_each():
@@ -94,7 +109,9 @@ def test_expensive_values_are_tried_both_ways():
     assert rec.warp_cycles > buf.warp_cycles
     assert rec.wave_cycles > buf.wave_cycles
     recomputed = [c.plan for c in scored if not c.plan.kernel.buffers]
-    assert all(any("recomputed by choice (e)" in d for d in p.dropped) for p in recomputed)
+    for p in recomputed:  # split rows recompute too: their launches share no memory
+        why = "recomputed by choice (e)" if p.mapping.row_blocks == 1 else "launches share no"
+        assert any(why in d for d in p.dropped), p.dropped
     assert plan_gpu(s, "H100").kernel.buffers
 
 

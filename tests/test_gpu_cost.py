@@ -13,9 +13,11 @@ from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch import gpu_choice, gpu_cost, gpu_kernels, patterns
 from tf_fusionstitch.codegen import gpu_printer
 from tf_fusionstitch.gpu_cost import (BARRIER_CYCLES, DIVMOD_CYCLES, DRAM_LATENCY_CYCLES,
-                                      EXPENSIVE_CYCLES, LOOP_CYCLES, SHUFFLE_CYCLES)
+                                      EXPENSIVE_CYCLES, KERNEL_BOUNDARY_S, LOOP_CYCLES,
+                                      SHUFFLE_CYCLES)
 from tf_fusionstitch.gpu_occupancy import blocks_per_sm, occupancy
-from tf_fusionstitch.gpu_schedule import GpuMapping, finish_plan, plan_gpu
+from tf_fusionstitch.gpu_schedule import (GpuMapping, finish_plan, plan_gpu, split_plan,
+                                          static_cols)
 from tf_fusionstitch.runtime import nvrtc
 from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
 from tf_fusionstitch.schedule import build_schedule
@@ -123,6 +125,25 @@ def test_few_long_rows_are_bound_by_latency_and_by_bytes_in_flight():
     assert e.memory_s > 10 * moved / 3.35e12
 
 
+def test_a_split_row_costs_its_slice_its_partials_and_its_launches():
+    """4 rows x 65536 split over 16 blocks of 512: 4096 columns a slice, 8 a
+    thread. Loops as in the warp softmax, with 16 warps' partials after each
+    tree; launch 1 combines the 16 slices' max (2 words), launch 2 also
+    their sum. Three launches: two boundaries. One block of 16 warps per SM:
+    a warp waits out 2 round trips (8 columns, 4 in flight) in each loop."""
+    plan = split_plan(build_schedule(edge.softmax((4, 65536))), 512, 16)
+    loop0 = 8 * (LOOP_CYCLES + 4 + 2) + 5 * (SHUFFLE_CYCLES * 2 + 2) + BARRIER_CYCLES + 16 * 4
+    loop1 = 8 * (LOOP_CYCLES + 4 + 1 + 8 + 1) + 5 * (SHUFFLE_CYCLES + 1) + BARRIER_CYCLES + 16 * 2
+    loop2 = 8 * (LOOP_CYCLES + 4 + 1 + 8 + 10 + 4)
+    partials = 16 * (2 + 1 + 1) + 16 * (2 + 1 + 1) + 16 * (1 + 1)
+    w = DIVMOD_CYCLES + 2 + loop0 + loop1 + loop2 + partials
+    assert gpu_cost.warp_cycles(plan, 65536) == w == 787
+    e = gpu_cost.estimate(plan, "H100", 4, registers=32)
+    assert (e.blocks, e.waves) == (64, 1)
+    assert e.wave_cycles == w + 3 * 2 * DRAM_LATENCY_CYCLES > w * 4
+    assert e.compute_s == pytest.approx(e.wave_cycles / 1.98e9 + 2 * KERNEL_BOUNDARY_S)
+
+
 def test_a_plan_that_cannot_be_resident_is_infinitely_slow():
     plan = _softmax_128()
     e = gpu_cost.estimate(plan, "H100", 1000, registers=255 + 1)
@@ -146,14 +167,18 @@ def test_device_names_map_to_specs():
 
 
 def _printer_shared_bytes(plan) -> int:
-    body = gpu_printer._GpuBody(plan, gpu_printer.CUDA)
-    return sum(_CTYPE_BYTES[ctype] * count for _, ctype, count in body.shared)
+    """What print_cuda declares (every launch's arrays, for a split row)."""
+    shared = gpu_printer._shared_union(gpu_printer._bodies(plan, gpu_printer.CUDA))
+    return sum(_CTYPE_BYTES[ctype] * count for _, ctype, count in shared)
 
 
 @pytest.mark.parametrize("name", sorted(PATTERNS))
 def test_shared_bytes_equal_what_the_printer_allocates_for_every_candidate(name):
     s = build_schedule(PATTERNS[name].cluster)
-    for plan in gpu_choice.candidate_plans(s):
+    plans = gpu_choice.candidate_plans(s)
+    splittable = bool(s.reductions) and static_cols(s) >= 2 * 128  # a column a thread
+    assert any(p.mapping.row_blocks > 1 for p in plans) == splittable
+    for plan in plans:
         assert gpu_cost.shared_bytes(plan) == _printer_shared_bytes(plan), plan.mapping
 
 

@@ -20,11 +20,12 @@ from typing import List, Optional
 from tf_fusionstitch import gpu_cost
 from tf_fusionstitch.codegen import kernel_ir
 from tf_fusionstitch.gpu_schedule import (SMEM_BUDGET, WARP, GpuMapping, GpuPlan,
-                                          finish_plan, fit_hoisted, static_cols)
+                                          finish_plan, fit_hoisted, split_plan, static_cols)
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE, Schedule
 
 BLOCK_SIZES = (128, 256, 512, 1024)
 WARP_ROWS = (1, 2, 4, 8, 16, 32)
+SPLIT_ROW_BLOCKS = (2, 4, 8, 16, 32, 64)   # blocks sharing one row, where rows split
 # A thread per row past this many columns serialises a row's loads in one
 # thread and touches a sector per lane per column; not worth evaluating.
 THREAD_ROW_CANDIDATE_COLS = 32
@@ -66,6 +67,10 @@ def candidate_plans(s: Schedule) -> List[GpuPlan]:
             plan = finish_plan(sb, kernel, mapping, dropped)
             if gpu_cost.shared_bytes(plan) <= SMEM_BUDGET:
                 out.append(plan)
+    if s.reductions and not s.tiled and cols:
+        # AStitch's split of long rows: every thread keeps a column or more.
+        out += [split_plan(s, t, n) for t in BLOCK_SIZES for n in SPLIT_ROW_BLOCKS
+                if cols >= n * t]
     return out
 
 
@@ -126,9 +131,12 @@ def choose_plan(s: Schedule, gpu, rows: Optional[int] = None,
 
 
 def describe(plan: GpuPlan) -> str:
-    """'warp x8', 'block 512', 'thread x256'; '+2buf': values kept in shared memory."""
+    """'warp x8', 'block 512', 'thread x256'; 'block 256 /16': a row split over 16
+    blocks; '+2buf': values kept in shared memory."""
     m = plan.mapping
     text = {"thread": f"thread x{m.rows_per_block}", "warp": f"warp x{m.rows_per_block}",
             "block": f"block {m.block_threads}"}[m.kind]
+    if m.row_blocks > 1:
+        text += f" /{m.row_blocks}"
     n = len(plan.kernel.buffers)
     return text + (f" +{n}buf" if n else "")

@@ -69,6 +69,9 @@ BARRIER_CYCLES = 20
 SHUFFLE_CYCLES = 2            # a shfl per 32-bit word
 LOOP_CYCLES = 2               # counter, compare and branch per column
 DIVMOD_CYCLES = 20            # a 64-bit / and % of a run-time extent
+# A split row's launches follow one another: each boundary drains the GPU and
+# starts the next grid (a few microseconds on these parts; assumed).
+KERNEL_BOUNDARY_S = 3e-6
 # nvcc unrolls a strided loop about 4 times, so that many columns' loads are
 # in flight per thread; a fully unrolled loop has all of them in flight.
 STRIDED_UNROLL = 4
@@ -248,7 +251,7 @@ def warp_cycles(plan, cols: int) -> float:
     """Issue cycles of one warp running its share of one work item (a thread
     per row: 32 rows at once) with `cols` columns per item."""
     m, kr = plan.mapping, plan.kernel
-    per_thread = -(-cols // m.row_threads)
+    per_thread = _per_thread(plan, cols)
     cycles = DIVMOD_CYCLES * len(kr.row_groups)
     for seg in kr.segments:
         cycles += sum(_stmt_cycles(st, plan, cols, in_loop=False, loop=-1) for st in seg)
@@ -259,10 +262,29 @@ def warp_cycles(plan, cols: int) -> float:
         per_col += sum(1 + _tracks_nan(a) for a in kr.accumulators[loop])
         cycles += per_thread * per_col
         cycles += _reduction_cycles(kr.accumulators[loop], m)
+    for phase in range(1, _phases(plan)):  # a split row: partials combined per launch
+        for loop in range(phase):
+            for a in kr.accumulators[loop]:
+                words = _acc_bytes(a) // 4 + _tracks_nan(a)
+                cycles += m.row_blocks * (words + 1 + _tracks_nan(a))
     if kr.prelude:  # hoisted columns: the block's threads share them, then a barrier
         per_col = LOOP_CYCLES + sum(_stmt_cycles(st, plan, cols, True, -1) for st in kr.prelude)
         cycles += -(-cols // m.block_threads) * per_col + BARRIER_CYCLES
     return float(cycles)
+
+
+def _per_thread(plan, cols: int) -> int:
+    """Columns one thread runs per loop (of its slice, where rows split)."""
+    slice_cols = -(-cols // plan.mapping.row_blocks)
+    return -(-slice_cols // plan.mapping.row_threads)
+
+
+def _phases(plan) -> int:
+    """Launches: 1, or a split row's one per loop (+1 after a last reduction)."""
+    if plan.mapping.row_blocks == 1:
+        return 1
+    kr = plan.kernel
+    return len(kr.loops) + (1 if kr.accumulators[-1] else 0)
 
 
 def _reduction_cycles(accs, m) -> float:
@@ -344,7 +366,7 @@ def estimate(plan, gpu: Union[str, GpuSpec], rows: int, cols: Optional[int] = No
     regs = estimate_registers(plan) if registers is None else registers
     smem = shared_bytes(plan)
     items, item_cols = work_items(plan, rows, cols)
-    blocks = -(-items // m.rows_per_block)
+    blocks = -(-items // m.rows_per_block) * m.row_blocks
     bps = blocks_per_sm(g.arch, m.block_threads, regs, smem) if smem <= g.smem_per_block else 0
     warps_per_block = m.block_threads // WARP
     occ = bps * warps_per_block * WARP / g.sm.max_threads
@@ -364,12 +386,13 @@ def estimate(plan, gpu: Union[str, GpuSpec], rows: int, cols: Optional[int] = No
     resident = min(bps, -(-blocks // g.sms)) * warps_per_block
     issue = w_cycles * -(-resident // SCHEDULERS)
     wave_cycles = max(issue, w_cycles + _latency_chain(plan, item_cols))
+    boundaries = (_phases(plan) - 1) * KERNEL_BOUNDARY_S
     return Estimate(regs, smem, blocks, bps, occ, waves, w_cycles, wave_cycles, memory_s,
-                    waves * wave_cycles / g.clock_hz)
+                    waves * wave_cycles / g.clock_hz + boundaries)
 
 
 def _in_flight_cols(plan, cols: int) -> int:
-    per_thread = -(-cols // plan.mapping.row_threads)
+    per_thread = _per_thread(plan, cols)
     return max(1, per_thread if plan.cols_per_thread else min(per_thread, STRIDED_UNROLL))
 
 
@@ -384,7 +407,7 @@ def bytes_in_flight(plan, cols: int) -> int:
 def _latency_chain(plan, cols: int) -> float:
     """DRAM round trips a warp waits for in sequence: per loop that loads
     from global memory, one per batch of columns in flight."""
-    per_thread = -(-cols // plan.mapping.row_threads)
+    per_thread = _per_thread(plan, cols)
     in_flight = _in_flight_cols(plan, cols)
     trips = 0
     for loop, body in enumerate(plan.kernel.loops):

@@ -21,7 +21,8 @@ from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch import gpu_cost
 from tf_fusionstitch.codegen.generate import (GeneratedCudaKernel, generate_cuda,
                                               generate_gpu_emulation)
-from tf_fusionstitch.codegen.gpu_printer import KERNEL_NAME, NVRTC_OPTIONS
+from tf_fusionstitch.codegen.gpu_printer import KERNEL_NAME, NVRTC_OPTIONS, split_workspace
+from tf_fusionstitch.gpu_schedule import split_phases
 from tf_fusionstitch.runtime import cpu_compiler, nvrtc
 from tf_fusionstitch.runtime.cuda_kernel import CudaKernel, HostShape
 
@@ -85,5 +86,12 @@ def load_cuda(cluster: ir.Cluster, gpu=None) -> CudaKernel:
     c = generated.plan.schedule.cluster
     types = c.types()
     m = generated.plan.mapping
+    workspace = [_WORKSPACE_DTYPES[ctype] for _, ctype in split_workspace(generated.plan)]
     return CudaKernel(cubin, host_shape(generated), [t.dtype for _, t in c.inputs],
-                      [types[o].dtype for o in c.outputs], m.block_threads, m.rows_per_block)
+                      [types[o].dtype for o in c.outputs], m.block_threads, m.rows_per_block,
+                      m.row_blocks, split_phases(generated.plan.kernel), workspace)
+
+
+# C types of workspace arrays (gpu_printer.split_workspace) as NumPy dtypes.
+_WORKSPACE_DTYPES = {"float": "float32", "double": "float64", "int": "int32",
+                     "int32_t": "int32", "int64_t": "int64"}

@@ -78,6 +78,9 @@ class GpuMapping:
     block_threads: int
     rows_per_block: int
     smem_cols: Optional[int]     # static columns a shared buffer holds (None: no buffers)
+    # Blocks that split one row (AStitch's split of few, very long rows): each
+    # takes a contiguous slice of the columns; see split_plan.
+    row_blocks: int = 1
 
     @property
     def row_threads(self) -> int:
@@ -180,6 +183,33 @@ def finish_plan(s: Schedule, kernel: kernel_ir.Kernel, mapping: GpuMapping,
     if not cached:
         per_thread = None  # nothing to keep: the compiler unrolls strided loops itself
     return GpuPlan(s, kernel, mapping, tuple(dropped), per_thread, cached)
+
+
+def split_plan(s: Schedule, block_threads: int, row_blocks: int) -> GpuPlan:
+    """A block per row slice, `row_blocks` slices a row (AStitch's split of
+    very long rows across blocks, for few rows that would leave SMs idle).
+    Blocks of one row meet only through global memory, so the kernel runs in
+    `split_phases` launches: launch k runs column loop k on every slice and
+    writes each slice's reduction partials to a workspace; launch k + 1
+    combines a row's partials in slice order (every block gets the same
+    value), then goes on. Shared buffers and hoisted columns cannot outlive
+    a launch: values are recomputed, loops are not unrolled."""
+    if s.tiled or not s.reductions:
+        raise ValueError("only clusters with reductions split their rows")
+    dropped = []
+    if s.buffered:
+        dropped.append("buffered values recomputed: a split row's launches share no memory")
+    if s.hoisted:
+        dropped.append("hoisted values computed inline: a split row's launches share no memory")
+    s = dataclasses.replace(s, buffered=frozenset(), hoisted=frozenset())
+    mapping = GpuMapping("block", block_threads, 1, None, row_blocks)
+    return GpuPlan(s, kernel_ir.lower(s), mapping, tuple(dropped))
+
+
+def split_phases(kernel: kernel_ir.Kernel) -> int:
+    """Launches of a split plan: one per column loop, and one more when the
+    last loop reduces (its results are combined and stored after it)."""
+    return len(kernel.loops) + (1 if kernel.accumulators[-1] else 0)
 
 
 def _register_cached(kernel: kernel_ir.Kernel, per_thread: int) -> tuple:

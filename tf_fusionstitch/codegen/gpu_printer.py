@@ -35,7 +35,7 @@ from tf_fusionstitch.codegen import kernel_ir as k
 from tf_fusionstitch.codegen import printer
 from tf_fusionstitch.codegen.printer import COMPUTE, CUDA, STORAGE, _REDUCE, Target
 from tf_fusionstitch.gpu_cost import buffer_slots
-from tf_fusionstitch.gpu_schedule import GpuPlan
+from tf_fusionstitch.gpu_schedule import GpuPlan, split_phases
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE as TILE
 
 KERNEL_NAME = "fs_kernel"
@@ -68,9 +68,10 @@ class _Guard:
 class _GpuBody(printer._Printer):
     """Prints one thread's code of a GpuPlan as parts between sync points."""
 
-    def __init__(self, plan: GpuPlan, target: Target):
+    def __init__(self, plan: GpuPlan, target: Target, phase: int = 0):
         super().__init__(plan.kernel, target)
         self.m = plan.mapping
+        self.phase = phase                    # the launch printed, for a split row
         self.per_thread = plan.cols_per_thread   # unrolled loops' trip count, or None
         self.cached = set(plan.register_cached)
         self.first_loop = {}                  # cached value -> the loop that loads it
@@ -89,7 +90,10 @@ class _GpuBody(printer._Printer):
         # This thread's rank among its row's threads, and its row's slot in the block.
         self.row_thread = {"thread": "0", "warp": "lane", "block": "tid"}[self.m.kind]
         self.row_slot = {"thread": "tid", "warp": "warp", "block": "0"}[self.m.kind]
-        self.build()
+        if self.m.row_blocks > 1:
+            self.build_split()
+        else:
+            self.build()
 
     # -- bookkeeping -------------------------------------------------------
     def reg(self, name: str, ctype: str) -> None:
@@ -116,6 +120,8 @@ class _GpuBody(printer._Printer):
                 self.emit(f"const {COMPUTE[st.dtype]} {st.dst} = rc_{st.dst}[j];", indent)
         elif isinstance(st, k.Store) and not in_loop:  # a row value: one thread writes it
             guard = "" if self.m.row_threads == 1 else f"if ({self.row_thread} == 0) "
+            if self.m.row_blocks > 1:
+                guard = "if (slice == 0 && tid == 0) "
             self.emit(f"{guard}t{st.tensor}[{self.index(st.tensor, False)}]"
                       f" = {self.store_value(st.src, st.dtype)};", indent)
         elif isinstance(st, k.BufStore):
@@ -219,6 +225,79 @@ class _GpuBody(printer._Printer):
                     self.reduce(accs)
         self.parts.append(self.lines)
 
+    def build_split(self) -> None:
+        """Launch `self.phase` of a split row (gpu_schedule.split_plan): block
+        `block` runs slice `block % row_blocks` of row `begin + block /
+        row_blocks`. It recomputes the row values of the segments before its
+        loop, combining each finished reduction's partials from the
+        workspace `ws_<acc>[row * row_blocks + slice]` in slice order; stores
+        only what this launch completes; runs its loop over its slice; and
+        leaves its block's partials in the workspace."""
+        kr, m = self.k, self.m
+        rb = m.row_blocks
+        self.declare_extents(0)
+        self.uniform, self.lines = self.lines, []
+        self.decl("int", "lane", "tid & 31")
+        self.decl("int", "warp", "tid >> 5")
+        self.decl("int64_t", "item", f"begin + block / {rb}")
+        self.decl("int64_t", "slice", f"block % {rb}")
+        self.sync(_Guard("item < end"))
+        self.decl("int64_t", "r", "item", const=False)
+        for g in reversed(kr.row_groups):
+            self.emit(f"const int64_t i{g} = r % g{g}; r /= g{g};", 0)
+            self.reg(f"i{g}", "int64_t")
+        for i, tn in enumerate(kr.tensors):
+            terms = [f"i{g} * s{i}_{g}" for g in tn.groups if g in kr.row_groups]
+            self.decl("int64_t", f"o{i}", " + ".join(terms) or "0")
+        self.decl("int64_t", "chunk", f"(n_cols + {rb - 1}) / {rb}")
+        self.decl("int64_t", "col_lo", "slice * chunk < n_cols ? slice * chunk : n_cols")
+        self.decl("int64_t", "col_hi", "n_cols - col_lo < chunk ? n_cols : col_lo + chunk")
+        self.decl("int64_t", "wsi", f"(item - begin) * {rb}")
+        for seg in range(self.phase + 1):
+            if seg > 0:
+                self.combine_partials(kr.accumulators[seg - 1])
+            for st in kr.segments[seg]:
+                if not (isinstance(st, k.Store) and seg != self.phase):
+                    self.row_stmt(st)
+        if self.phase < len(kr.loops):
+            accs = kr.accumulators[self.phase]
+            for a in accs:
+                self.init_acc(a, 0)
+                self.reg(f"a_{a.acc}", self.acc_type(a.dtype, a.kind))
+                if self.tracks_nan(a):
+                    self.reg(f"n_{a.acc}", "int")
+            self.col_loop(kr.loops[self.phase], accs, 0, "col_lo", "col_hi", "tid",
+                          m.block_threads)
+            if accs:
+                self.reduce(accs)
+                self.emit("if (tid == 0) { " + " ".join(
+                    f"ws_{n}[wsi + slice] = {n};" for n, _ in self.partial_values(accs)) + " }",
+                    0)
+        self.parts.append(self.lines)
+
+    def partial_values(self, accs) -> list:
+        """(name, C type) of what a reduction leaves per slice: its
+        accumulator, and the NaN flag of a floating max or min."""
+        out = []
+        for a in accs:
+            out.append((f"a_{a.acc}", self.acc_type(a.dtype, a.kind)))
+            if self.tracks_nan(a):
+                out.append((f"n_{a.acc}", "int"))
+        return out
+
+    def combine_partials(self, accs) -> None:
+        """A row's slices' partials, in slice order, into a_<acc> (and n_<acc>)."""
+        steps = []
+        for a in accs:
+            for name, ctype in self.partial_values([a]):
+                self.emit(f"{ctype} {name} = ws_{name}[wsi];", 0)
+                self.reg(name, ctype)
+            steps.append(_REDUCE[a.kind][1].format(a=f"a_{a.acc}", x=f"ws_a_{a.acc}[wsi + s_]"))
+            if self.tracks_nan(a):
+                steps.append(f"n_{a.acc} |= ws_n_{a.acc}[wsi + s_];")
+        self.emit(f"for (int s_ = 1; s_ < {self.m.row_blocks}; ++s_) {{ " + " ".join(steps)
+                  + " }", 0)
+
     @staticmethod
     def tracks_nan(a: k.Accumulate) -> bool:
         return a.kind in ("reduce_max", "reduce_min") and a.dtype in printer.ir.FLOAT_DTYPES
@@ -292,22 +371,33 @@ class _GpuBody(printer._Printer):
                   + " ".join(c.format(**parts) for c in combine) + " }", 0)
 
 
-def print_cuda(plan: GpuPlan, n_ext: int) -> str:
-    """The CUDA kernel `fs_kernel` (docs/KERNEL_ABI.md, CUDA section)."""
-    b = _GpuBody(plan, CUDA)
-    kr, m = plan.kernel, plan.mapping
-    params = ["const int64_t begin", "const int64_t end"]
-    for i, tn in enumerate(kr.tensors):
-        params.append(f"{'' if tn.is_output else 'const '}{CUDA_STORAGE[tn.dtype]}* t{i}")
-    params += [f"const int64_t ext{a}" for a in range(n_ext)]
-    out = [CUDA.prelude,
-           f"{CUDA.export} void __launch_bounds__({m.block_threads}) {KERNEL_NAME}("
-           + ", ".join(params) + ") {",
-           f"  const int64_t ext[{n_ext}] = {{" + ", ".join(f"ext{a}" for a in range(n_ext))
-           + "};"]
-    out += ["  " + line for line in b.uniform]
-    out += [f"  {CUDA.shared}{ctype} {name}[{count}];" for name, ctype, count in b.shared]
-    out += ["  const int tid = threadIdx.x;", "  const int64_t block = blockIdx.x;"]
+def _bodies(plan: GpuPlan, target: Target) -> list:
+    """One body, or one per launch of a split row."""
+    if plan.mapping.row_blocks == 1:
+        return [_GpuBody(plan, target)]
+    return [_GpuBody(plan, target, p) for p in range(split_phases(plan.kernel))]
+
+
+def split_workspace(plan: GpuPlan) -> list:
+    """(name, C type) of the workspace arrays of a split row, in kernel
+    parameter order: one element per (work item, slice) each."""
+    if plan.mapping.row_blocks == 1:
+        return []
+    b = _GpuBody(plan, CUDA, 0)
+    return [(f"ws_{name}", ctype) for accs in plan.kernel.accumulators
+            for name, ctype in b.partial_values(accs)]
+
+
+def _shared_union(bodies) -> list:
+    seen: Dict[str, tuple] = {}
+    for b in bodies:
+        for name, ctype, count in b.shared:
+            seen.setdefault(name, (name, ctype, count))
+    return list(seen.values())
+
+
+def _cuda_part_lines(b: _GpuBody) -> list:
+    out = []
     for part in b.parts:
         if isinstance(part, list):
             out += ["  " + line for line in part]
@@ -322,6 +412,39 @@ def print_cuda(plan: GpuPlan, n_ext: int) -> str:
                 shfl = CUDA.shuffle_xor.format(v=reg, off=part.offset)
                 out.append(f"    const {ctype} {tmp} = {shfl};")
             out += ["    " + c for c in part.combine]
+            out.append("  }")
+    return out
+
+
+def print_cuda(plan: GpuPlan, n_ext: int) -> str:
+    """The CUDA kernel `fs_kernel` (docs/KERNEL_ABI.md, CUDA section). A
+    split row's kernel takes the launch `fs_phase` and its workspace after
+    the extents, and runs that launch's body."""
+    bodies = _bodies(plan, CUDA)
+    b = bodies[0]
+    kr, m = plan.kernel, plan.mapping
+    params = ["const int64_t begin", "const int64_t end"]
+    for i, tn in enumerate(kr.tensors):
+        params.append(f"{'' if tn.is_output else 'const '}{CUDA_STORAGE[tn.dtype]}* t{i}")
+    params += [f"const int64_t ext{a}" for a in range(n_ext)]
+    if m.row_blocks > 1:
+        params.append("const int fs_phase")
+        params += [f"{ctype}* {name}" for name, ctype in split_workspace(plan)]
+    out = [CUDA.prelude,
+           f"{CUDA.export} void __launch_bounds__({m.block_threads}) {KERNEL_NAME}("
+           + ", ".join(params) + ") {",
+           f"  const int64_t ext[{n_ext}] = {{" + ", ".join(f"ext{a}" for a in range(n_ext))
+           + "};"]
+    out += ["  " + line for line in b.uniform]
+    out += [f"  {CUDA.shared}{ctype} {name}[{count}];" for name, ctype, count in
+            _shared_union(bodies)]
+    out += ["  const int tid = threadIdx.x;", "  const int64_t block = blockIdx.x;"]
+    if m.row_blocks == 1:
+        out += _cuda_part_lines(b)
+    else:
+        for phase, body in enumerate(bodies):
+            out.append(f"  if (fs_phase == {phase}) {{")
+            out += ["  " + line for line in _cuda_part_lines(body)]
             out.append("  }")
     out.append("}")
     return "\n".join(out) + "\n"
@@ -340,13 +463,54 @@ def print_emulation(plan: GpuPlan, reverse_threads: bool = False) -> str:
 
     A phase runs its threads in one order, ascending or (`reverse_threads`)
     descending: a read of another thread's shared-memory write that lacks a
-    barrier reads poison in at least one of the two orders."""
-    b = _GpuBody(plan, printer.CPP)
-    tid_loop = (f"for (int tid = {plan.mapping.block_threads - 1}; tid >= 0; --tid) {{"
-                if reverse_threads else
-                f"for (int tid = 0; tid < {plan.mapping.block_threads}; ++tid) {{")
-    kr, m = plan.kernel, plan.mapping
+    barrier reads poison in at least one of the two orders. A split row's
+    launches run one after another, each over all blocks of the call's rows,
+    with the workspace local to the call (rows are independent)."""
+    bodies = _bodies(plan, printer.CPP)
+    m = plan.mapping
     nt = m.block_threads
+    tid_loop = (f"for (int tid = {nt - 1}; tid >= 0; --tid) {{" if reverse_threads else
+                f"for (int tid = 0; tid < {nt}; ++tid) {{")
+    blocks = [_emulated_block(b, tid_loop, nt) for b in bodies]
+    shared = _shared_union(bodies)
+    out = ["#include <vector>"] if m.row_blocks > 1 else []
+    out.append(f"{printer.CPP.export} void fs_run(int64_t begin, int64_t end, "
+               "const int64_t* ext, void* const* bufs) {")
+    for i, tn in enumerate(plan.kernel.tensors):
+        st = STORAGE[tn.dtype]
+        const = "" if tn.is_output else "const "
+        out.append(f"  {const}{st}* t{i} = static_cast<{const}{st}*>(bufs[{i}]);")
+    out += ["  " + line for line in bodies[0].uniform]
+    out.append("  // One block's shared memory, then its threads' registers that cross phases.")
+    out += [f"  {ctype} {name}[{count}];" for name, ctype, count in shared]
+    out.append(f"  bool R_fs_active[{nt}] = {{}};")
+    declared = set()
+    for _, decls in blocks:
+        for d in decls:
+            if d not in declared:
+                declared.add(d)
+                out.append("  " + d)
+    if m.row_blocks == 1:
+        out.append(f"  const int64_t n_blocks = end > begin ? (end - begin + "
+                   f"{m.rows_per_block - 1}) / {m.rows_per_block} : 0;")
+    else:
+        out.append(f"  const int64_t n_blocks = end > begin ? (end - begin) * {m.row_blocks} : 0;")
+        out += [f"  std::vector<{ctype}> {name}(n_blocks);" for name, ctype in
+                split_workspace(plan)]
+    for body, _ in blocks:
+        out.append("  for (int64_t block = 0; block < n_blocks; ++block) {")
+        # Shared memory starts as NaN / -1 bytes in every block, as undefined as
+        # CUDA's: a read before the write that a barrier should order shows up.
+        out += [f"    std::memset({name}, 0xff, sizeof {name});" for name, _, _ in shared]
+        out += ["    " + line for line in body]
+        out.append("  }")
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def _emulated_block(b: _GpuBody, tid_loop: str, nt: int) -> tuple:
+    """(lines running one block of `b`, declarations of the per-thread arrays
+    that carry registers across its phases and shuffles)."""
     phases: List[_Phase] = [_Phase([], set(), False)]
     guarded = False
     for index, part in enumerate(b.parts):
@@ -403,26 +567,7 @@ def print_emulation(plan: GpuPlan, reverse_threads: bool = False) -> str:
         body += ["  " + save_line(n) for n in save]
         body.append("}")
     snap = sorted({r for p in phases for r in p.snapshot}, key=list(b.regs).index)
-
-    out = [f"{printer.CPP.export} void fs_run(int64_t begin, int64_t end, const int64_t* ext, "
-           "void* const* bufs) {"]
-    for i, tn in enumerate(kr.tensors):
-        st = STORAGE[tn.dtype]
-        const = "" if tn.is_output else "const "
-        out.append(f"  {const}{st}* t{i} = static_cast<{const}{st}*>(bufs[{i}]);")
-    out += ["  " + line for line in b.uniform]
-    out.append("  // One block's shared memory, then its threads' registers that cross phases.")
-    out += [f"  {ctype} {name}[{count}];" for name, ctype, count in b.shared]
-    out.append(f"  bool R_fs_active[{nt}] = {{}};")
-    out += [f"  {b.regs[n]} R_{n}[{nt}]" + (f"[{b.reg_len[n]}];" if n in b.reg_len else ";")
-            for n in b.regs if n in crossing]
-    out += [f"  {b.regs[n]} S_{n}[{nt}];" for n in snap]
-    out.append(f"  const int64_t n_blocks = end > begin ? (end - begin + {m.rows_per_block - 1})"
-               f" / {m.rows_per_block} : 0;")
-    out.append("  for (int64_t block = 0; block < n_blocks; ++block) {")
-    # Shared memory starts as NaN / -1 bytes in every block, as undefined as
-    # CUDA's: a read before the write that a barrier should order shows up.
-    out += [f"    std::memset({name}, 0xff, sizeof {name});" for name, _, _ in b.shared]
-    out += ["    " + line for line in body]
-    out += ["  }", "}"]
-    return "\n".join(out) + "\n"
+    decls = [f"{b.regs[n]} R_{n}[{nt}]" + (f"[{b.reg_len[n]}];" if n in b.reg_len else ";")
+             for n in b.regs if n in crossing]
+    decls += [f"{b.regs[n]} S_{n}[{nt}];" for n in snap]
+    return body, decls

@@ -66,13 +66,14 @@ def device_dtype(name: str) -> np.dtype:
     return np.dtype(np.uint16) if name == "bfloat16" else np.dtype(name)
 
 
-def launches(work: int, rows_per_block: int) -> list:
-    """(begin, end, grid) per launch covering work items [0, work)."""
-    per_launch = _MAX_GRID_X * rows_per_block
+def launches(work: int, rows_per_block: int, row_blocks: int = 1) -> list:
+    """(begin, end, grid) per launch covering work items [0, work);
+    `row_blocks` blocks share a row where a plan splits rows."""
+    per_launch = _MAX_GRID_X // row_blocks * rows_per_block
     out = []
     for begin in range(0, work, per_launch):
         end = min(work, begin + per_launch)
-        out.append((begin, end, -(-(end - begin) // rows_per_block)))
+        out.append((begin, end, -(-(end - begin) // rows_per_block) * row_blocks))
     return out
 
 
@@ -80,7 +81,11 @@ class CudaKernel:
     """A CUDA kernel of docs/KERNEL_ABI.md loaded on the current GPU."""
 
     def __init__(self, cubin_path: str | os.PathLike, host: HostShape, in_dtypes: Sequence,
-                 out_dtypes: Sequence, block_threads: int, rows_per_block: int):
+                 out_dtypes: Sequence, block_threads: int, rows_per_block: int,
+                 row_blocks: int = 1, phases: int = 1, workspace: Sequence = ()):
+        """`row_blocks`, `phases`, `workspace`: a split row's blocks per row,
+        launches, and workspace dtypes (one element per row and slice each;
+        gpu_printer.split_workspace)."""
         import cupy  # the caller checked that CuPy and a GPU exist
         self._cupy = cupy
         module = cupy.RawModule(path=os.fspath(cubin_path))
@@ -89,6 +94,8 @@ class CudaKernel:
         self.in_dtypes = [device_dtype(d) for d in in_dtypes]
         self.out_dtypes = [device_dtype(d) for d in out_dtypes]
         self.block_threads, self.rows_per_block = block_threads, rows_per_block
+        self.row_blocks, self.phases = row_blocks, phases
+        self.workspace = [np.dtype(d) for d in workspace]
 
     def run(self, inputs: Sequence) -> list:
         """Outputs (CuPy arrays) for inputs (NumPy or CuPy arrays); bfloat16
@@ -101,7 +108,13 @@ class CudaKernel:
         out_shapes, ext, work = self.host([a.shape for a in arrays])
         outputs = [cp.empty(s, dtype=d) for s, d in zip(out_shapes, self.out_dtypes)]
         extents = [np.int64(e) for e in ext]
-        for begin, end, grid in launches(work, self.rows_per_block):
-            self._fn((grid,), (self.block_threads,),
-                     (np.int64(begin), np.int64(end), *arrays, *outputs, *extents))
+        for begin, end, grid in launches(work, self.rows_per_block, self.row_blocks):
+            args = (np.int64(begin), np.int64(end), *arrays, *outputs, *extents)
+            if self.row_blocks == 1:
+                self._fn((grid,), (self.block_threads,), args)
+                continue
+            # Launches on one stream run in order: each sees the last one's partials.
+            ws = [cp.empty((end - begin) * self.row_blocks, dtype=d) for d in self.workspace]
+            for phase in range(self.phases):
+                self._fn((grid,), (self.block_threads,), (*args, np.int32(phase), *ws))
         return outputs
