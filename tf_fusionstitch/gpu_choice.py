@@ -2,7 +2,8 @@
 
 For one schedule, `candidate_plans` enumerates the mappings the printer can
 run: a thread per row (blocks of 128-1024 threads), a warp per row (1-32 rows
-per block) and a block per row (128-1024 threads); and, per expensive value
+per block), a block per row (128-1024 threads) and, for rows with
+reductions, a row split over 2-64 blocks (AStitch); and, per expensive value
 that a later loop needs, keeping it in shared memory or recomputing it (the
 paper tries expensive elementwise ops both ways). `choose_plan` keeps the
 candidate with the lowest predicted latency (gpu_cost.estimate) and the

@@ -13,7 +13,10 @@
   warp touches, transcendentals by their libm instruction counts, shuffle
   steps and barriers) times the warps sharing a scheduler, or, when too few
   warps are resident to hide memory latency, that cost plus the DRAM round
-  trips of the warp's own dependent loads.
+  trips of the warp's own dependent loads. Memory time is at least what the
+  resident warps' bytes in flight allow per DRAM round trip (Little's law).
+- a row split across blocks (gpu_schedule.split_plan) pays its slices'
+  partials and KERNEL_BOUNDARY_S per extra launch.
 
 It ranks candidate plans (gpu_schedule.choose_plan); its absolute numbers
 are estimates, not measurements. No TensorFlow import here.
