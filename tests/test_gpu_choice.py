@@ -196,3 +196,21 @@ def test_chosen_plans_compile_without_spills_at_the_registers_their_block_allows
         assert (res.spill_stores, res.spill_loads, res.stack_bytes) == (0, 0, 0), res
         threads = generated.plan.mapping.block_threads
         assert gpu_occupancy.blocks_per_sm(arch, threads, res.registers, res.shared_bytes) >= 1
+
+
+@pytest.mark.skipif(nvrtc.nvrtc_version() is None, reason="needs NVRTC")
+def test_the_device_comparison_script_builds_every_kernel_it_would_time():
+    """benchmarks/gpu_choice.py times thresholds' vs chosen plans on a GPU;
+    here it only builds their cubins. Every case is one the evaluator
+    changes, so the device run has something to confirm."""
+    import pathlib
+    import subprocess
+    import sys
+    script = pathlib.Path(__file__).parents[1] / "benchmarks" / "gpu_choice.py"
+    res = subprocess.run([sys.executable, str(script), "--compile_only", "--gpu=H200"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = [l.split() for l in res.stdout.splitlines()[1:]]
+    assert len(lines) == 6 and all(l[-1] == "compiled" for l in lines)
+    predicted = [tuple(map(float, l[-2].split("/"))) for l in lines]
+    assert all(chosen < thresholds for thresholds, chosen in predicted)

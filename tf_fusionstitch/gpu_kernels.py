@@ -71,16 +71,22 @@ def host_shape(generated: GeneratedCudaKernel, timeout: float = 120) -> HostShap
                      generated.n_ext)
 
 
-def load_cuda(cluster: ir.Cluster, gpu=None) -> CudaKernel:
+def device_gpu() -> Optional[str]:
+    """The gpu_cost.GPUS name of the current device, or None (needs CuPy)."""
+    import cupy
+    name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+    return gpu_cost.gpu_named(name.decode() if isinstance(name, bytes) else name)
+
+
+def load_cuda(cluster: ir.Cluster, gpu=None, plan=None) -> CudaKernel:
     """The cluster's CUDA kernel on the current GPU (needs CuPy and a GPU),
-    compiled by NVRTC for the device's architecture with NVRTC_OPTIONS; its
-    plan chosen for `gpu` (a gpu_cost.GPUS name; "auto": the one the
-    device's name contains, if any; None: the thresholds)."""
+    compiled by NVRTC for the device's architecture with NVRTC_OPTIONS: of
+    `plan`, else of the plan chosen for `gpu` (a gpu_cost.GPUS name; "auto":
+    the one the device's name contains, if any; None: the thresholds)."""
     import cupy
     if gpu == "auto":
-        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
-        gpu = gpu_cost.gpu_named(name.decode() if isinstance(name, bytes) else name)
-    generated = generate_cuda(cluster, gpu)
+        gpu = device_gpu()
+    generated = generate_cuda(cluster, gpu, plan)
     arch = "sm_" + cupy.cuda.Device().compute_capability
     cubin = nvrtc.cached_cubin(generated.source, arch, NVRTC_OPTIONS)
     c = generated.plan.schedule.cluster
