@@ -44,3 +44,17 @@ def test_gpu_flag_chooses_plans_and_prints_their_predicted_latency(tmp_path):
     assert line.split()[1:3] == ["block", "256"] and line.endswith("yes")
     micros = float(line.split("(")[0].split()[-1])
     assert 0 < micros < 100
+
+
+def test_gpu_flag_splits_few_long_rows_and_emulates_the_split(tmp_path):
+    """4 static rows of 65536: the H100 plan splits each row over blocks;
+    the tool compiles that kernel for sm_90 and emulates its launches."""
+    import gpu_edge_clusters as edge
+    spec = tmp_path / "softmax_4x65536.json"
+    spec.write_text(edge.softmax((4, 65536)).to_json())
+    res = subprocess.run([sys.executable, "-m", "tf_fusionstitch.tools.cuda_check",
+                          "--nopatterns", f"--clusters={spec}", "--arch=sm_90", "--gpu=H100"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (line,) = [l for l in res.stdout.splitlines() if l.startswith("softmax_4x65536 ")]
+    assert line.split()[1] == "block" and line.split()[3].startswith("/") and line.endswith("yes")
