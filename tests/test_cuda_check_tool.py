@@ -19,6 +19,7 @@ def test_spec_file_is_compiled_emulated_and_tabulated(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     (line,) = [l for l in res.stdout.splitlines() if l.startswith("softmax_70 ")]
     assert "warp x8" in line and line.endswith("yes")
+    assert res.stdout.splitlines()[-1] == "cuda_check: 1 kernels, 1 compiled, 1 checked, 0 failed"
 
 
 def test_errors_beyond_tolerance_fail_the_run(tmp_path):
@@ -26,6 +27,7 @@ def test_errors_beyond_tolerance_fail_the_run(tmp_path):
     with no tolerance at all, the tool must report the difference."""
     res = run_tool(tmp_path, "--rtol=0", "--atol=0")
     assert res.returncode == 1 and "FAILED: errors beyond tolerance" in res.stdout, res.stdout
+    assert "cuda_check: 1 kernels, 1 compiled, 1 checked, 1 failed" in res.stdout, res.stdout
 
 
 def test_gpu_flag_chooses_plans_and_prints_their_predicted_latency(tmp_path):

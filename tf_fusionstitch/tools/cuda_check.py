@@ -142,9 +142,15 @@ def main(argv):
         results.append(check(pathlib.Path(path).stem, cluster, None, FLAGS.rtol, FLAGS.atol,
                              rows_values, archs, rng, FLAGS.gpu, FLAGS.gpu_rows))
     print_table(results, archs, FLAGS.gpu)
-    spills = any(res is not None and (res.spill_stores or res.spill_loads)
-                 for r in results for res in r["arch"].values())
+    spilled = {r["name"] for r in results for res in r["arch"].values()
+               if res is not None and (res.spill_stores or res.spill_loads)}
+    spills = bool(spilled)
     failed = not all(r["ok"] for r in results)
+    fused = [r for r in results if r["mapping"] != "-"]
+    compiled = sum(1 for r in fused if r["arch"] and all(v is not None for v in r["arch"].values()))
+    bad = sum(1 for r in results if not r["ok"] or r["name"] in spilled)
+    print(f"cuda_check: {len(fused)} kernels, {compiled} compiled, {len(fused)} checked, "
+          f"{bad} failed")
     if spills or failed:
         print("FAILED: " + ", ".join(w for w, bad in (("spills", spills),
                                                       ("errors beyond tolerance", failed)) if bad))
