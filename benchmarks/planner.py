@@ -136,7 +136,8 @@ def run_one(base, shared, method, budget, seed):
         result = dqn.DQNSearch(env, budget, seed).run()
         config = result.best
         if result.policy is not None:
-            policy_time = env.evaluate(result.policy).step_time
+            est = env.evaluate(result.policy)
+            policy_time = est.step_time if est.feasible else math.inf
     else:
         plan, _ = searches.run(env, method, budget, seed)
         config = _config_of(env, plan)
@@ -263,6 +264,18 @@ def markdown(results, cold, seeds, load):
              "time with estimates shared between runs of a case (a plan another run priced "
              "is not re-priced), so it mostly measures search overhead; cold DQN timings "
              "are below.", ""]
+    lines += ["| case | budget | optimum (ms) | " + " | ".join(
+        f"{m}: gap mean, hits" for m in ONCE[1:] + SEEDED) + " | DQN wall (s) |",
+        "|---" * (4 + len(ONCE[1:] + SEEDED)) + "|"]
+    for res in results:
+        best, exact, rows = summarize(res)
+        by = {r["method"]: r for r in rows}
+        cells = [f"{_fmt_gap(by[m]['gap'])}, {by[m]['hits']}/{by[m]['n']}" if m in by else "n/a"
+                 for m in ONCE[1:] + SEEDED]
+        wall = f"{by['dqn']['wall']:.1f}" if "dqn" in by else "n/a"
+        lines.append(f"| {res['case'].name} | {res['budget']} | {best * 1e3:.4g}"
+                     f"{'' if exact else '*'} | " + " | ".join(cells) + f" | {wall} |")
+    lines.append("")
     for res in results:
         best, exact, rows = summarize(res)
         case = res["case"]
@@ -283,11 +296,15 @@ def markdown(results, cold, seeds, load):
                 f"{r['to_best']:.0f} | {r['calls']:.0f} | {r['wall']:.2f} | {r['mesh']} |")
         for r in rows:
             if r["policy"]:
-                ok = [p for p in r["policy"] if not math.isnan(p)]
-                if ok:
-                    lines += ["", f"DQN's final greedy policy plan (not its best priced): gap "
-                              f"mean {_fmt_gap(statistics.mean(p / best - 1 for p in ok))} over "
-                              f"{len(ok)} seeds."]
+                priced = [p for p in r["policy"] if not math.isnan(p)]
+                fits = [p for p in priced if not math.isinf(p)]
+                text = (f"DQN's final greedy-policy plan (not its best priced): priced within "
+                        f"budget in {len(priced)}/{len(r['policy'])} seeds, fits in memory in "
+                        f"{len(fits)}")
+                if fits:
+                    text += (f", gap to the optimum{'' if exact else '*'} "
+                             f"{', '.join(_fmt_gap(p / best - 1) for p in fits)}")
+                lines += ["", text + "."]
         lines += [""] + verdict(res, best, rows) + [""]
     if cold:
         name, timings = cold
