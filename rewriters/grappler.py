@@ -5,12 +5,15 @@ from __future__ import annotations
 from typing import Sequence
 
 import tensorflow as tf
-from tensorflow.core.protobuf import config_pb2
+from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 from tensorflow.python.grappler import tf_optimizer
 
-# TF's standard simplifications; none of them introduces ops outside the op
-# table's reach (the remapper would, so it is not listed).
-DEFAULT_PASSES = ("constfold", "arithmetic", "dependency")
+# TF's standard simplifications, in the order and number of rounds TF's own
+# meta-optimizer runs them, so a fused region computes what TF would (some of
+# them change results: with CSE first, not(a <= b) becomes a > b, False for
+# NaN). None introduces ops outside the op table's reach (the remapper would,
+# so it is not listed).
+DEFAULT_PASSES = ("common_subgraph_elimination", "constfold", "arithmetic", "dependency")
 
 
 def run_grappler(graph_def, graph, fetches: Sequence[str], passes=DEFAULT_PASSES):
@@ -22,6 +25,6 @@ def run_grappler(graph_def, graph, fetches: Sequence[str], passes=DEFAULT_PASSES
     config = config_pb2.ConfigProto()
     rewrite = config.graph_options.rewrite_options
     rewrite.optimizers.extend(passes)
-    rewrite.meta_optimizer_iterations = 1
+    rewrite.meta_optimizer_iterations = rewriter_config_pb2.RewriterConfig.TWO  # TF's default
     rewrite.min_graph_nodes = -1  # also small graphs
     return tf_optimizer.OptimizeGraph(config, meta)
