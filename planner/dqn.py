@@ -296,17 +296,15 @@ class DQNSearch:
         return self._deads[state]
 
     def _finish(self, state):
-        """(reward, done, priced) after arriving at `state` (forced decisions already taken);
-        reward None means the budget ran out before it could be priced."""
+        """(reward, done) after arriving at `state` (forced decisions already taken); reward
+        None means the budget ran out before the plan could be priced."""
         if self.env.complete(state):
             est = self._price(self.env.config(state))
-            if est is None:
-                return None, True, False
-            return self._reward(est), True, True
+            return (None if est is None else self._reward(est)), True
         if self._dead(state):
             self.early_ends += 1
-            return self._overflow_reward(self.pruner.memory_lower_bound(state)), True, False
-        return 0.0, False, False
+            return self._overflow_reward(self.pruner.memory_lower_bound(state)), True
+        return 0.0, False
 
     def _episodes(self, count, epsilon, replay):
         """Plays `count` episodes in lock-step; stores their transitions in `replay`."""
@@ -321,7 +319,7 @@ class DQNSearch:
                 mask = self._mask(states[i])
                 action = self._choose(q[row], mask, epsilon, states[i])
                 nxt = self._advance(states[i], action)
-                reward, done, _ = self._finish(nxt)
+                reward, done = self._finish(nxt)
                 if reward is None:          # budget exhausted: drop the unpriced episode
                     continue
                 key = replay.key_of(states[i], action)
