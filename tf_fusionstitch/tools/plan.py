@@ -23,21 +23,23 @@ _SIZES = ("batch", "seq", "hidden", "heads", "ffn", "layers")
 
 
 def _define_flags():
+    # names of the search methods and reference models
+    from tf_fusionstitch.planner import reference_models
+    from tf_fusionstitch.planner.searches import METHODS
     # Only when run as a program: other tools define flags of the same names (--batch,
     # --seed) in absl's global registry, and tests import this module next to them.
     flags.DEFINE_string("model", "transformer_block",
-                        "A reference model (mlp, transformer_block, bert, bert_base, "
-                        "bert_large) or the path of a SavedModel.")
+                        "A reference model (" + ", ".join(reference_models.MODELS)
+                        + ") or the path of a SavedModel.")
     flags.DEFINE_string("cluster", "8xH200", "A preset (8xV100, 8xA100, 8xH200, 4x8xH200, "
                         "cpu-localhost), 'NxDEVICE', 'MxNxDEVICE' or a JSON object.")
     flags.DEFINE_enum("strategy", "auto", ["auto", "data", "operator", "pipeline"],
                       "Which parallelism to search: one kind over all devices, or every "
                       "product.")
-    flags.DEFINE_enum("search", "greedy", ["exhaustive", "dp", "greedy", "random"],
-                      "Search method.")
+    flags.DEFINE_enum("search", "greedy", list(METHODS), "Search method.")
     flags.DEFINE_integer("budget", None, "Cost-model calls the search may use (default per "
                          "method).")
-    flags.DEFINE_integer("seed", 0, "Seed of the random search.")
+    flags.DEFINE_integer("seed", 0, "Seed of the random, annealing and DQN searches.")
     flags.DEFINE_enum("schedule", "1f1b", ["1f1b", "gpipe"], "Pipeline schedule.")
     flags.DEFINE_string("out", None, "Write the plan's JSON here.")
     flags.DEFINE_integer("batch", None, "Global batch size (reference models; for a "
