@@ -300,8 +300,9 @@ def markdown(rows, bandwidth, load):
         f"float32, random normal inputs; median of {FLAGS.repeats} calls after {FLAGS.warmup} "
         f"warm-up calls, in ms, results not copied out. Floor: inputs read once + outputs "
         f"written once at the measured copy bandwidth ({bandwidth / 1e9:.1f} GB/s, the "
-        f"faster of a 1-thread and a per-core copy of 256 MB). fs gain: the faster of "
-        f"TF/XLA divided by fs."
+        f"faster of a 1-thread and a per-core copy of 256 MB; fs/floor below 1 means "
+        f"fs moved its bytes faster than that copy, e.g. with streaming stores). fs gain: "
+        f"the faster of TF/XLA divided by fs."
         + (" **Smoke-test sizes (--small).**" if FLAGS.small else "")
         + (" **Other work was running (load >= 1): times are inflated and noisy; rerun "
            "`make bench` on an idle machine.**" if load >= 1.0 else ""),
