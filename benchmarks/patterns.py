@@ -35,6 +35,8 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
+import results_md  # benchmarks/ is this script's directory, first on sys.path
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 BEGIN, END = "<!-- patterns:begin -->", "<!-- patterns:end -->"
 
@@ -324,21 +326,6 @@ def markdown(rows, bandwidth, load):
     return "\n".join(lines) + "\n"
 
 
-def write_section(path, section):
-    """Replaces the patterns section of `path`, keeping whatever else is there."""
-    text = open(path).read() if os.path.exists(path) else "# Benchmark results\n\n"
-    start, stop = text.find(BEGIN), text.find(END)
-    if start >= 0 and stop > start:
-        rest = text[stop + len(END):].lstrip("\n")
-        text = text[:start] + section + ("\n" + rest if rest else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def main(argv):
     del argv
     unknown = set(FLAGS.patterns) - set(ALL_PATTERNS)
@@ -360,7 +347,7 @@ def main(argv):
     print()
     print_table(rows)
     if out:
-        write_section(out, markdown(rows, bandwidth, load))
+        results_md.write_section(out, BEGIN, END, markdown(rows, bandwidth, load))
         print(f"\nwrote {out}")
 
 

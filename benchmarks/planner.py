@@ -32,6 +32,8 @@ from absl import app, flags  # noqa: E402
 from tf_fusionstitch import planner  # noqa: E402
 from tf_fusionstitch.planner import dqn, reference_models, searches  # noqa: E402
 
+import results_md  # noqa: E402  (benchmarks/ is this script's directory, on sys.path)
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 BEGIN, END = "<!-- planner:begin -->", "<!-- planner:end -->"
 
@@ -350,20 +352,6 @@ def verdict(res, best, rows):
     return out
 
 
-def write_section(path, section):
-    """Replaces the planner section of `path` (or appends it), keeping everything else."""
-    text = open(path).read() if os.path.exists(path) else "# Benchmark results\n\n"
-    start, stop = text.find(BEGIN), text.find(END)
-    if start >= 0 and stop > start:
-        text = text[:start] + section.rstrip("\n") + text[stop + len(END):]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def main(argv):
     del argv
     known = {c.name: c for c in CASES}
@@ -381,7 +369,7 @@ def main(argv):
     text = markdown(results, cold, FLAGS.seeds, load)
     print("\n" + text)
     if FLAGS.out:
-        write_section(FLAGS.out, text)
+        results_md.write_section(FLAGS.out, BEGIN, END, text)
         print(f"wrote {FLAGS.out}")
 
 

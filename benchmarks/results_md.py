@@ -1,0 +1,19 @@
+"""benchmarks/RESULTS.md holds one section per benchmark script between its own
+markers; each script rewrites only its section."""
+
+import os
+
+
+def write_section(path: str, begin: str, end: str, section: str) -> None:
+    """Replaces the text from `begin` to `end` in `path` with `section` (which
+    starts with `begin` and ends with `end`), or appends it; atomically."""
+    text = open(path).read() if os.path.exists(path) else "# Benchmark results\n\n"
+    start, stop = text.find(begin), text.find(end)
+    if start >= 0 and stop > start:
+        text = text[:start] + section.rstrip("\n") + text[stop + len(end):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
