@@ -165,6 +165,17 @@ class _GpuBody(printer._Printer):
             self.reg(st.dst, COMPUTE[st.dtype])
 
     # -- structure ---------------------------------------------------------
+
+    def row_offsets(self) -> None:
+        """Row indices i{g} of item `r` and each tensor's element offset o{i}."""
+        kr = self.k
+        for g in reversed(kr.row_groups):
+            self.emit(f"const int64_t i{g} = r % g{g}; r /= g{g};", 0)
+            self.reg(f"i{g}", "int64_t")
+        for i, tn in enumerate(kr.tensors):
+            terms = [f"i{g} * s{i}_{g}" for g in tn.groups if g in kr.row_groups]
+            self.decl("int64_t", f"o{i}", " + ".join(terms) or "0")
+
     def build(self) -> None:
         kr, m = self.k, self.m
         self.declare_extents(0)
@@ -192,12 +203,7 @@ class _GpuBody(printer._Printer):
         if kr.tiled and kr.col_groups:
             self.emit("const int64_t tile = r % n_tiles; r /= n_tiles;", 0)
             self.reg("tile", "int64_t")
-        for g in reversed(kr.row_groups):
-            self.emit(f"const int64_t i{g} = r % g{g}; r /= g{g};", 0)
-            self.reg(f"i{g}", "int64_t")
-        for i, tn in enumerate(kr.tensors):
-            terms = [f"i{g} * s{i}_{g}" for g in tn.groups if g in kr.row_groups]
-            self.decl("int64_t", f"o{i}", " + ".join(terms) or "0")
+        self.row_offsets()
         lo, hi = "0", "n_cols"
         if kr.tiled and kr.col_groups:
             self.decl("int64_t", "col_lo", f"tile * {TILE}")
@@ -243,12 +249,7 @@ class _GpuBody(printer._Printer):
         self.decl("int64_t", "slice", f"block % {rb}")
         self.sync(_Guard("item < end"))
         self.decl("int64_t", "r", "item", const=False)
-        for g in reversed(kr.row_groups):
-            self.emit(f"const int64_t i{g} = r % g{g}; r /= g{g};", 0)
-            self.reg(f"i{g}", "int64_t")
-        for i, tn in enumerate(kr.tensors):
-            terms = [f"i{g} * s{i}_{g}" for g in tn.groups if g in kr.row_groups]
-            self.decl("int64_t", f"o{i}", " + ".join(terms) or "0")
+        self.row_offsets()
         self.decl("int64_t", "chunk", f"(n_cols + {rb - 1}) / {rb}")
         self.decl("int64_t", "col_lo", "slice * chunk < n_cols ? slice * chunk : n_cols")
         self.decl("int64_t", "col_hi", "n_cols - col_lo < chunk ? n_cols : col_lo + chunk")
