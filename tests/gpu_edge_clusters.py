@@ -3,10 +3,25 @@ compile checks and the emulation tests: run-time row lengths (recompute
 instead of shared buffers), two column groups, float64/int/bool reductions,
 elementwise rows split into several items."""
 
-from tf_fusionstitch import fusion_ir as ir
+import numpy as np
+
+from tf_fusionstitch import fusion_ir as ir, gpu_kernels
+from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
 
 T, op = ir.TensorType, ir.make_op
 N = None
+
+
+def emulate_plan(cluster, plan, inputs, reverse_threads=False):
+    """Outputs of `cluster` under GPU `plan`, by the C++ emulation of the CUDA kernel."""
+    path = gpu_kernels.build_emulation(cluster, reverse_threads, plan=plan)
+    return CpuKernel(path).run(inputs, threads=2, forward=True)
+
+
+def softmax_reference(x):
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
 
 
 def softmax(shape, dtype="float32"):

@@ -10,7 +10,6 @@ import pytest
 from tf_fusionstitch import gpu_choice, gpu_cost, gpu_kernels, gpu_occupancy, patterns
 from tf_fusionstitch.gpu_schedule import plan_gpu
 from tf_fusionstitch.runtime import nvrtc
-from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
 from tf_fusionstitch.schedule import build_schedule
 
 N = None
@@ -18,20 +17,9 @@ GPUS = ("V100", "A100", "H100")
 PATTERNS = patterns.standard_patterns()
 
 
-def emulate_plan(cluster, plan, inputs, reverse_threads=False):
-    path = gpu_kernels.build_emulation(cluster, reverse_threads, plan=plan)
-    return CpuKernel(path).run(inputs, threads=2, forward=True)
-
-
-def _softmax_ref(x):
-    x = x.astype(np.float64)
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
 def check_softmax(cluster, plan, x, reverse_threads=False):
-    (y,) = emulate_plan(cluster, plan, [x], reverse_threads)
-    np.testing.assert_allclose(y, _softmax_ref(x), rtol=2e-5, atol=1e-6)
+    (y,) = edge.emulate_plan(cluster, plan, [x], reverse_threads)
+    np.testing.assert_allclose(y, edge.softmax_reference(x), rtol=2e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("gpu", GPUS)
@@ -162,7 +150,7 @@ def test_chosen_layernorm_for_few_rows_matches_numpy(gpu):
     pat = PATTERNS["layernorm_768"]
     plan = plan_gpu(build_schedule(pat.cluster), gpu, rows=64)
     inputs = pat.make_inputs(np.random.default_rng(1), 37)
-    for got, want in zip(emulate_plan(pat.cluster, plan, inputs), pat.reference(inputs)):
+    for got, want in zip(edge.emulate_plan(pat.cluster, plan, inputs), pat.reference(inputs)):
         np.testing.assert_allclose(got, want, rtol=pat.rtol, atol=pat.atol)
 
 

@@ -10,27 +10,15 @@ import gpu_edge_clusters as edge
 import numpy as np
 import pytest
 
-from tf_fusionstitch import gpu_kernels, patterns
+from tf_fusionstitch import patterns
 from tf_fusionstitch.codegen import gpu_printer
 from tf_fusionstitch.codegen.generate import generate_cuda
 from tf_fusionstitch.gpu_schedule import split_phases, split_plan
 from tf_fusionstitch.runtime import nvrtc
-from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
 from tf_fusionstitch.runtime.cuda_kernel import launches
 from tf_fusionstitch.schedule import build_schedule
 
 N = None
-
-
-def emulate(cluster, plan, inputs, reverse_threads=False):
-    path = gpu_kernels.build_emulation(cluster, reverse_threads, plan=plan)
-    return CpuKernel(path).run(inputs, threads=2, forward=True)
-
-
-def _softmax_ref(x):
-    x = x.astype(np.float64)
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
 
 
 @pytest.mark.parametrize("width,threads,row_blocks", [
@@ -46,8 +34,8 @@ def test_split_softmax_matches_numpy(width, threads, row_blocks):
     rng = np.random.default_rng(width)
     for rows in (0, 1, 6):
         x = rng.standard_normal((rows, width)).astype(np.float32) * 4
-        (y,) = emulate(c, plan, [x], reverse_threads=rows == 6)
-        np.testing.assert_allclose(y, _softmax_ref(x), rtol=2e-5, atol=1e-6)
+        (y,) = edge.emulate_plan(c, plan, [x], reverse_threads=rows == 6)
+        np.testing.assert_allclose(y, edge.softmax_reference(x), rtol=2e-5, atol=1e-6)
 
 
 def test_a_nan_in_one_slice_reaches_every_slice_of_its_row():
@@ -55,9 +43,9 @@ def test_a_nan_in_one_slice_reaches_every_slice_of_its_row():
     plan = split_plan(build_schedule(c), 64, 6)
     x = np.random.default_rng(1).standard_normal((3, 900)).astype(np.float32)
     x[1, 899] = np.nan   # in the last slice only
-    (y,) = emulate(c, plan, [x])
+    (y,) = edge.emulate_plan(c, plan, [x])
     assert np.isnan(y[1]).all() and not np.isnan(y[[0, 2]]).any()
-    np.testing.assert_allclose(y[[0, 2]], _softmax_ref(x[[0, 2]]), rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(y[[0, 2]], edge.softmax_reference(x[[0, 2]]), rtol=2e-5, atol=1e-6)
 
 
 def test_split_layernorm_stores_its_mean_once_in_the_second_launch():
@@ -69,7 +57,7 @@ def test_split_layernorm_stores_its_mean_once_in_the_second_launch():
     assert source.count("if (slice == 0 && tid == 0) t4[") == 1
     inputs = pat.make_inputs(np.random.default_rng(2), 5)
     for reverse in (False, True):
-        for got, want in zip(emulate(pat.cluster, plan, inputs, reverse), pat.reference(inputs)):
+        for got, want in zip(edge.emulate_plan(pat.cluster, plan, inputs, reverse), pat.reference(inputs)):
             np.testing.assert_allclose(got, want, rtol=pat.rtol, atol=pat.atol)
 
 
@@ -81,7 +69,7 @@ def test_split_integer_and_boolean_reductions_are_exact():
     assert split_phases(plan.kernel) == 2
     x = np.random.default_rng(3).integers(-2**31, 2**31 - 1, (9, 45)).astype(np.int32)
     x[0] = np.abs(x[0] // 2) + 1
-    mean, mn, all_, any_ = emulate(c, plan, [x])
+    mean, mn, all_, any_ = edge.emulate_plan(c, plan, [x])
     np.testing.assert_array_equal(mean, np.trunc(x.astype(np.int64).sum(1) / 45).astype(np.int32))
     np.testing.assert_array_equal(mn, x.min(1))
     np.testing.assert_array_equal(all_, (x > 0).all(1))
@@ -92,7 +80,7 @@ def test_split_over_two_column_groups_and_run_time_row_lengths():
     c = edge.two_column_groups_f64()
     plan = split_plan(build_schedule(c), 64, 5)
     x = np.random.default_rng(4).standard_normal((4, 3, 300))
-    y, ss = emulate(c, plan, [x])
+    y, ss = edge.emulate_plan(c, plan, [x])
     d = x - x.max((0, 2), keepdims=True)
     np.testing.assert_allclose(ss, (d * d).sum((0, 2), keepdims=True), rtol=1e-12)
     np.testing.assert_allclose(y, d * (d * d).sum((0, 2), keepdims=True), rtol=1e-12)
@@ -100,8 +88,8 @@ def test_split_over_two_column_groups_and_run_time_row_lengths():
     plan = split_plan(build_schedule(dyn), 32, 8)
     for width in (1, 7, 1000):
         x = np.random.default_rng(width).standard_normal((3, width)).astype(np.float32)
-        (y,) = emulate(dyn, plan, [x])
-        np.testing.assert_allclose(y, _softmax_ref(x), rtol=2e-5, atol=1e-6)
+        (y,) = edge.emulate_plan(dyn, plan, [x])
+        np.testing.assert_allclose(y, edge.softmax_reference(x), rtol=2e-5, atol=1e-6)
 
 
 def test_buffers_and_hoisting_give_way_to_recompute():
