@@ -2,7 +2,8 @@
 
 Legality of a merge, checked every time:
 - no cycle: no path leaves the merged set and comes back into it (data or
-  control edges), so the fused node can be scheduled;
+  control edges), with every cluster formed so far counted as one node, so
+  the fused nodes can be scheduled;
 - the merged nodes lower to one valid cluster and the schedule accepts it
   (one iteration space, one set of reduced axes, outputs that are written
   once). A reduction therefore joins its broadcast consumers: a layernorm or
@@ -49,19 +50,24 @@ def fusible_nodes(view: GraphView, fetches: Set[Tensor]) -> Dict[str, str]:
     return verdict
 
 
-def _creates_cycle(view: GraphView, members: Set[str]) -> bool:
-    limit = max(view.position[m] for m in members)
-    stack = [c for m in members for c in view.consumers[m] if c not in members]
+def _creates_cycle(view: GraphView, nodes: Set[str], owner: Dict[str, str],
+                   members: Dict[str, List[str]]) -> bool:
+    """Whether a path leaves `nodes` and comes back into them in the graph
+    where every other cluster already formed is one node: two clusters that
+    are each fine can still feed each other (A -> B and B -> A)."""
+    stack = [c for m in nodes for c in view.consumers[m] if c not in nodes]
     seen = set()
     while stack:
         n = stack.pop()
-        if n in seen or view.position[n] > limit:
+        unit = owner.get(n, n)
+        if unit in seen:
             continue
-        seen.add(n)
-        for c in view.consumers[n]:
-            if c in members:
-                return True
-            stack.append(c)
+        seen.add(unit)
+        for m in members.get(unit, [n]):
+            for c in view.consumers[m]:
+                if c in nodes:
+                    return True
+                stack.append(c)
     return False
 
 
@@ -72,7 +78,7 @@ def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor]) -
     members: Dict[str, List[str]] = {n: [n] for n in candidates}
 
     def legal(nodes: List[str]) -> bool:
-        if _creates_cycle(view, set(nodes)):
+        if _creates_cycle(view, set(nodes), owner, members):
             return False
         try:
             build_schedule(lower_nodes(view, nodes, fetches).cluster)
