@@ -92,6 +92,10 @@ flags.DEFINE_integer("n_warmup", 10, "Untimed calls before timing.")
 flags.DEFINE_integer("wall_calls", 50, "Back-to-back calls per host-clock batch.")
 flags.DEFINE_integer("wall_batches", 15, "Host-clock batches (median).")
 flags.DEFINE_integer("seed", 0, "Seed of the random inputs.")
+flags.DEFINE_bool("sweep", False, "Also time every candidate plan of each case (checked "
+                  "against the reference) beside its predicted latency: the latency "
+                  "evaluator's calibration data, written to gpu_sweep.md/.json.")
+flags.DEFINE_integer("sweep_timed", 30, "Event-timed calls per candidate plan in --sweep.")
 
 COPY_BYTES = 1 << 30          # copy-bandwidth buffer: far larger than any L2
 EMULATED_ELEMENTS = 1 << 18   # --compile_only: rows emulated on the CPU, about this many elements
@@ -405,6 +409,63 @@ def gpu_row(case: Case, device: Device, gpu: Optional[str], jax, rng) -> dict:
     return row  # the caller frees the buffers' pool blocks
 
 
+def sweep_rows(case: Case, device: Device, gpu: Optional[str], rng) -> list:
+    """Every candidate plan of the case at its size: measured against predicted."""
+    import cupy as cp
+    rows = case.rows(FLAGS.quick)
+    schedule = build_schedule(case.pattern.cluster)
+    n_rows, cols = gpu_choice._extents(schedule, rows)
+    chosen = gpu_choice.describe(plan_gpu(schedule, gpu, rows))
+    inputs = case.pattern.make_inputs(rng, rows)
+    want = case.pattern.reference(inputs)
+    sets = [[cp.asarray(a) for a in inputs]]
+    out = []
+    for plan in gpu_choice.candidate_plans(schedule):
+        row = {"name": case.name, "mapping": gpu_choice.describe(plan)}
+        row["chosen"] = row["mapping"] == chosen
+        try:
+            if gpu is not None:
+                row["predicted_ms"] = gpu_cost.estimate(plan, gpu, n_rows, cols).latency_s * 1e3
+            generated = generate_cuda(case.pattern.cluster, plan=plan)
+            kernel = gpu_kernels.load_cuda(case.pattern.cluster, plan=plan)
+            fn = cp.RawModule(path=str(nvrtc.cached_cubin(
+                generated.source, device.arch, NVRTC_OPTIONS))).get_function(KERNEL_NAME)
+            first = BoundKernel(fn, kernel, sets[0])
+            n_sets = input_sets(nbytes(inputs) + nbytes(first.outputs), device.l2_bytes)
+            while len(sets) < n_sets:
+                sets.append([a.copy() for a in sets[0]])
+            bound = [first] + [BoundKernel(fn, kernel, s) for s in sets[1:n_sets]]
+            row["ms"], _, _ = device.event_times(bound, FLAGS.sweep_timed, 3)
+            row["error"], row["ok"] = check_outputs([o.get() for o in first.outputs], want,
+                                                    case.pattern)
+            row["gbps"] = (nbytes(inputs) + nbytes(first.outputs)) / (row["ms"] * 1e-3) / 1e9
+            del bound, first
+        except Exception as exc:  # one candidate's failure is data too
+            row.update(ok=False, note=f"{type(exc).__name__}: {str(exc)[:200]}")
+        device.cp.get_default_memory_pool().free_all_blocks()
+        out.append(row)
+    best = min((r for r in out if r.get("ok")), key=lambda r: r["ms"], default=None)
+    for r in out:
+        r["best"] = best is not None and r is best
+    return out
+
+
+def write_sweep(rows: list, copy_gbps: Optional[float], preamble: str) -> None:
+    head = ["pattern", "mapping", "chosen", "best", "ms", "GB/s", "% copy", "pred ms", "err", "ok"]
+    body = [[r["name"], r["mapping"], "*" if r.get("chosen") else "", "*" if r.get("best") else "",
+             _f(r.get("ms"), ".4f"), _f(r.get("gbps"), ".0f"),
+             _f(100 * r["gbps"] / copy_gbps if r.get("gbps") and copy_gbps else None, ".1f"),
+             _f(r.get("predicted_ms"), ".4f"), _f(r.get("error"), ".1e"),
+             "yes" if r.get("ok") else "NO " + r.get("note", "")] for r in rows]
+    print()
+    print_table(head, body)
+    path = out_path()
+    if path is not None:
+        sweep = path.with_name("gpu_sweep.md")
+        sweep.write_text(markdown(head, body, [preamble, "--sweep: every candidate plan"], []))
+        sweep.with_suffix(".json").write_text(json.dumps(rows, indent=1, default=str))
+
+
 def jax_timing(jax, case: Case, inputs, want, n_sets: int) -> dict:
     """JAX's error against the reference and its host-clock ms per call."""
     fn = jax.jit(jax_functions(jax)[case.jax_fn])
@@ -575,6 +636,13 @@ def main(argv):
         path.with_suffix(".json").write_text(json.dumps(
             {"meta": meta, "rows": rows, "notes": notes}, indent=1, default=str))
         print(f"wrote {path} and {path.with_suffix('.json')}")
+    if FLAGS.sweep and device is not None:
+        swept = []
+        for case in selected:
+            swept += sweep_rows(case, device, gpu, rng)
+            print(f"[{time.strftime('%H:%M:%S')}] swept {case.name}", flush=True)
+        write_sweep(swept, copy_gbps, preamble[0])
+        failed += sorted({f"{r['name']} ({r['mapping']})" for r in swept if not r.get("ok")})
     if failed:
         print(f"FAILED: {', '.join(failed)}")
         sys.exit(1)
