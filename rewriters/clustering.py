@@ -1,4 +1,5 @@
-"""Form clusters of fusible nodes: greedy producer-consumer merging.
+"""Form clusters of fusible nodes: greedy producer-consumer merging (fusion="stitch";
+xla_like.py holds XLA's rules, fusion="xla_like").
 
 Legality of a merge, checked every time:
 - no cycle: no path leaves the merged set and comes back into it (data or
@@ -21,7 +22,7 @@ from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.lowering import lower_nodes
 from tf_fusionstitch.schedule import UnsupportedCluster, build_schedule
 
-_LOWERING_ERRORS = (op_table.NotFusible, ir.SpecError, UnsupportedCluster)
+LOWERING_ERRORS = (op_table.NotFusible, ir.SpecError, UnsupportedCluster)
 
 
 def fusible_nodes(view: GraphView, fetches: Set[Tensor]) -> Dict[str, str]:
@@ -45,12 +46,12 @@ def fusible_nodes(view: GraphView, fetches: Set[Tensor]) -> Dict[str, str]:
             lowered = lower_nodes(view, [name], fetches)
             build_schedule(lowered.cluster)
             verdict[name] = ""
-        except _LOWERING_ERRORS as e:
+        except LOWERING_ERRORS as e:
             verdict[name] = str(e)
     return verdict
 
 
-def _creates_cycle(view: GraphView, nodes: Set[str], owner: Dict[str, str],
+def creates_cycle(view: GraphView, nodes: Set[str], owner: Dict[str, str],
                    members: Dict[str, List[str]]) -> bool:
     """Whether a path leaves `nodes` and comes back into them in the graph
     where every other cluster already formed is one node: two clusters that
@@ -78,11 +79,11 @@ def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor]) -
     members: Dict[str, List[str]] = {n: [n] for n in candidates}
 
     def legal(nodes: List[str]) -> bool:
-        if _creates_cycle(view, set(nodes), owner, members):
+        if creates_cycle(view, set(nodes), owner, members):
             return False
         try:
             build_schedule(lower_nodes(view, nodes, fetches).cluster)
-        except _LOWERING_ERRORS:
+        except LOWERING_ERRORS:
             return False
         return True
 

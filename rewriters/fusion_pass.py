@@ -1,8 +1,11 @@
 """The fusion pass: GraphDef in, GraphDef with FusionStitch nodes out.
 
-Find fusible nodes (op table), form clusters (clustering.py), build one kernel
-per cluster, and substitute. Any cluster whose kernel cannot be generated,
-compiled or registered stays as TensorFlow ops; the reason goes to the report.
+Find fusible nodes (op table), form clusters by one of two strategies, build
+one kernel per cluster, and substitute. "stitch" (clustering.py) lets a
+reduction share a kernel with the ops that read it; "xla_like" (xla_like.py)
+follows XLA's rules, for comparison. Any cluster whose kernel cannot be
+generated, compiled or registered stays as TensorFlow ops; the reason goes to
+the report.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ from typing import Callable, Dict, List, Set
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.report import ClusterReport
-from tf_fusionstitch.rewriters import op_table
-from tf_fusionstitch.rewriters.clustering import fusible_nodes, form_clusters
+from tf_fusionstitch.rewriters import clustering, op_table, xla_like
+from tf_fusionstitch.rewriters.clustering import fusible_nodes
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
+from tf_fusionstitch.rewriters.kernel_count import memory_intensive_kernels
 from tf_fusionstitch.rewriters.lowering import LoweredCluster, lower_nodes
 from tf_fusionstitch.rewriters.substitute import Replacement, substitute
+
+FUSION_STRATEGIES = ("stitch", "xla_like")
 
 
 @dataclasses.dataclass
@@ -39,13 +45,24 @@ def _prims(c: ir.Cluster) -> int:
 
 def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
                     build: Callable[[ir.Cluster], object],
-                    min_cluster_ops: int = 2) -> PassResult:
+                    min_cluster_ops: int = 2, fusion: str = "stitch") -> PassResult:
     """`build(cluster)` returns an object with .key/.spec/.num_loops/.buffered
-    (kernels.CompiledKernel) after making it runnable, or raises."""
+    (kernels.CompiledKernel) after making it runnable, or raises. `fusion` is
+    one of FUSION_STRATEGIES."""
+    if fusion not in FUSION_STRATEGIES:
+        raise ValueError(f"fusion={fusion!r}: expected one of {', '.join(FUSION_STRATEGIES)}")
+    before = memory_intensive_kernels(graph_def)  # of the graph as given, before any expansion
+    if fusion == "xla_like":
+        graph_def, types = xla_like.expand_softmax(graph_def, types)
     view = GraphView(graph_def, types)
     verdict = fusible_nodes(view, fetches)
     candidates = {n for n, why in verdict.items() if not why}
-    groups = form_clusters(view, candidates, fetches)
+    if fusion == "xla_like":
+        verdict.update(xla_like.unfusible_alone(view, candidates, fetches))
+        candidates = {n for n, why in verdict.items() if not why}
+        groups = xla_like.form_clusters(view, candidates, fetches)
+    else:
+        groups = clustering.form_clusters(view, candidates, fetches)
     lowered: List[LoweredCluster] = []
     for nodes in groups:
         lc = lower_nodes(view, nodes, fetches)
@@ -79,9 +96,7 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
         if r.fused:
             r.name = next(fused_names)
 
-    before = sum(op_table.is_memory_intensive(n.op) for n in graph_def.node)
-    after = sum(op_table.is_memory_intensive(n.op) or n.op == "FusionStitch"
-                for n in new_gd.node)
+    after = memory_intensive_kernels(new_gd)
     fused = {n for lc, (k, _) in zip(lowered, results) if k is not None for n in lc.nodes}
     unfused = [(n, view.nodes[n].op, why or "no profitable cluster")
                for n, why in verdict.items()

@@ -23,7 +23,7 @@ import tensorflow as tf
 from tf_fusionstitch import kernels
 from tf_fusionstitch.report import Report
 from tf_fusionstitch.rewriters import grappler, shapes
-from tf_fusionstitch.rewriters.fusion_pass import run_fusion_pass
+from tf_fusionstitch.rewriters.fusion_pass import FUSION_STRATEGIES, run_fusion_pass
 from tf_fusionstitch.rewriters.graph_view import parse_input, tensor_name
 from tf_fusionstitch.runtime import cpu_compiler
 
@@ -31,7 +31,11 @@ _OPTIONS = {
     "min_cluster_ops": (int, 2, "smallest number of primitive ops worth a fused kernel"),
     "grappler": (bool, True, "run TF's constant folding / arithmetic / dependency passes first"),
     "compile_timeout": ((int, float), 120, "seconds one kernel compilation may take"),
+    "fusion": (str, "stitch", "the fusion strategy: 'stitch' (FusionStitching) or "
+               "'xla_like' (XLA's fusion rules, to compare plans)"),
 }
+# Options whose value must be one of a few.
+_CHOICES = {"fusion": FUSION_STRATEGIES}
 
 
 class OptimizedFunction:
@@ -145,7 +149,7 @@ class OptimizedFunction:
             src, port, _ = parse_input(name)
             fetches.add((src, port))
         result = run_fusion_pass(graph_def, types, fetches, self._build,
-                                 self._options["min_cluster_ops"])
+                                 self._options["min_cluster_ops"], self._options["fusion"])
         output_names = []
         for name in outputs:
             src, port, _ = parse_input(name)
@@ -153,6 +157,7 @@ class OptimizedFunction:
             output_names.append(mapped if ":" in mapped else mapped + ":0")
         report = Report(
             function=self._name, signature=_signature_text(concrete),
+            fusion=self._options["fusion"],
             clusters=result.clusters, kernels_before=result.kernels_before,
             kernels_after=result.kernels_after, compile_seconds=result.compile_seconds,
             compilations=cpu_compiler.compilations - compilations,
@@ -182,7 +187,8 @@ def optimize(fn, **options) -> OptimizedFunction:
 
     `fn` is a `tf.function` (with or without an input signature) or a
     ConcreteFunction. Options: min_cluster_ops (int, default 2), grappler
-    (bool, default True), compile_timeout (seconds, default 120).
+    (bool, default True), compile_timeout (seconds, default 120), fusion
+    ("stitch", the default, or "xla_like": XLA's fusion rules, to compare).
     """
     if not isinstance(fn, (tf.types.experimental.GenericFunction,
                            tf.types.experimental.ConcreteFunction)):
@@ -202,6 +208,9 @@ def optimize(fn, **options) -> OptimizedFunction:
         if not isinstance(value, types) or isinstance(value, bool) != (types is bool):
             raise TypeError(f"optimize() option {key}={value!r}: expected {what} "
                             f"({getattr(types, '__name__', types)})")
+        if key in _CHOICES and value not in _CHOICES[key]:
+            allowed = ", ".join(repr(c) for c in _CHOICES[key])
+            raise ValueError(f"optimize() option {key}={value!r} is not one of {allowed}")
         resolved[key] = value
     for key, (_, default, _) in _OPTIONS.items():
         resolved.setdefault(key, default)

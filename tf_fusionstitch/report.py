@@ -22,12 +22,15 @@ class Report:
     function: str
     signature: str
     clusters: List[ClusterReport]
-    kernels_before: int                # memory-intensive TF ops before
-    kernels_after: int                 # memory-intensive TF ops left + FusionStitch kernels
+    # memory-intensive kernels (rewriters/kernel_count.py) of the graph TF runs
+    # (after Grappler) and of this plan (TF ops left + FusionStitch kernels)
+    kernels_before: int
+    kernels_after: int
     compile_seconds: float
     compilations: int                  # compiler invocations (cache hits excluded)
     rewrite_seconds: float
     unfused_ops: List[Tuple[str, str, str]] = dataclasses.field(default_factory=list)
+    fusion: str = "stitch"             # the strategy that made this plan
 
     @property
     def fused_clusters(self) -> List[ClusterReport]:
@@ -39,8 +42,9 @@ class Report:
 
     def __str__(self) -> str:
         lines = [f"tf_fusionstitch report for {self.function}{self.signature}",
-                 f"  memory-intensive kernels: {self.kernels_before} TF ops -> "
-                 f"{self.kernels_after} ({len(self.fused_clusters)} FusionStitch)",
+                 f"  memory-intensive kernels: TF {self.kernels_before} -> this plan "
+                 f"{self.kernels_after} (fusion={self.fusion}, "
+                 f"{len(self.fused_clusters)} FusionStitch)",
                  f"  rewrite {self.rewrite_seconds:.2f} s, of which compile "
                  f"{self.compile_seconds:.2f} s ({self.compilations} compilations)"]
         for c in self.clusters:
