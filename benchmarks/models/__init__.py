@@ -1,0 +1,32 @@
+"""Reference models for the fusion compiler (DESIGN.md, Performance method):
+Keras layers, seeded random weights, no downloads.
+
+Each module has `build(**sizes, seed=0) -> common.ReferenceModel` and two size
+sets, TINY (tests) and REAL (benchmarks):
+
+    from benchmarks import models
+    m = models.build("bert", "tiny", seed=0)
+    batch = m.make_batch(seed, batch=4)
+    m.inference(*batch.inputs); m.train_step(*batch.inputs, batch.labels)
+"""
+
+from benchmarks.models import asr, bert, crnn, dien, transformer
+
+MODELS = {"bert": bert, "transformer": transformer, "dien": dien, "crnn": crnn, "asr": asr}
+SIZES = ("tiny", "real")
+
+
+def build(name, size="tiny", seed=0, **overrides):
+    """Builds model `name` at its `size` sizes, with `overrides` replacing some."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {SIZES}, got {size!r}")
+    module = MODELS[name]
+    sizes = dict(module.TINY if size == "tiny" else module.REAL)
+    unknown = set(overrides) - set(sizes)
+    if unknown:
+        raise ValueError(f"model {name!r} has no size(s) {sorted(unknown)}; it takes "
+                         f"{sorted(sizes)}")
+    sizes.update(overrides)
+    return module.build(seed=seed, **sizes)
