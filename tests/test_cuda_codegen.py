@@ -122,12 +122,14 @@ def test_warp_per_row_needs_no_block_barrier_and_block_per_row_one_per_reduction
 
 
 def test_cuda_kernel_signature_follows_the_abi():
-    """Buffers as typed pointers, then the extents fs_shape writes: two axes
-    and one run-time broadcast flag for each of x and res (dynamic rows)."""
+    """Buffers as typed, non-aliasing pointers, then the extents fs_shape
+    writes: two axes and one run-time broadcast flag for each of x and res
+    (dynamic rows)."""
     g = generate_cuda(PATTERNS["residual_layernorm_1024"].cluster)
     assert ('extern "C" __global__ void __launch_bounds__(256) fs_kernel(const int64_t begin, '
-            'const int64_t end, const float* t0, const float* t1, const float* t2, '
-            'const float* t3, float* t4, float* t5, const int64_t ext0, const int64_t ext1, '
+            'const int64_t end, const float* __restrict__ t0, const float* __restrict__ t1, '
+            'const float* __restrict__ t2, const float* __restrict__ t3, '
+            'float* __restrict__ t4, float* __restrict__ t5, const int64_t ext0, const int64_t ext1, '
             'const int64_t ext2, const int64_t ext3) {') in g.source
     assert g.n_ext == 4 and (g.plan.mapping.block_threads, g.plan.mapping.rows_per_block) == (256, 8)
     assert "fs_shape" in g.host_source and "fs_meta" in g.host_source

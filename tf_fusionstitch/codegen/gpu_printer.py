@@ -417,6 +417,12 @@ def _cuda_part_lines(b: _GpuBody) -> list:
     return out
 
 
+# Tensors never alias (CudaKernel allocates every output; nothing forwards an
+# input buffer on the GPU): read-only loads may then go through the
+# non-coherent cache and be reordered past the stores.
+POINTER_QUALIFIER = "__restrict__ "
+
+
 def print_cuda(plan: GpuPlan, n_ext: int) -> str:
     """The CUDA kernel `fs_kernel` (docs/KERNEL_ABI.md, CUDA section). A
     split row's kernel takes the launch `fs_phase` and its workspace after
@@ -426,7 +432,8 @@ def print_cuda(plan: GpuPlan, n_ext: int) -> str:
     kr, m = plan.kernel, plan.mapping
     params = ["const int64_t begin", "const int64_t end"]
     for i, tn in enumerate(kr.tensors):
-        params.append(f"{'' if tn.is_output else 'const '}{CUDA_STORAGE[tn.dtype]}* t{i}")
+        params.append(f"{'' if tn.is_output else 'const '}{CUDA_STORAGE[tn.dtype]}* "
+                      f"{POINTER_QUALIFIER}t{i}")
     params += [f"const int64_t ext{a}" for a in range(n_ext)]
     if m.row_blocks > 1:
         params.append("const int fs_phase")
