@@ -3,7 +3,7 @@
     latency = max(memory time, waves x wave time)
 
 - *memory time*: the bytes the kernel must move through DRAM (every input
-  read once, every output written once) over the GPU's DRAM bandwidth.
+  read once, every output written once) over the bandwidth a copy reaches.
 - *occupancy*: blocks resident per SM from the block size, registers (ptxas'
   count when given, else `estimate_registers`) and shared memory
   (`shared_bytes`, as the printer allocates it), by gpu_occupancy.py.
@@ -42,6 +42,7 @@ class GpuSpec:
     dram_bytes_per_s: float
     clock_hz: float           # boost clock
     smem_per_block: int       # most shared memory one block may use (opt-in)
+    l2_bytes: int
 
     @property
     def sm(self) -> SmLimits:
@@ -55,18 +56,24 @@ class GpuSpec:
 # 228 KiB per SM / 227 KiB per block (H100 datasheet, cc 9.0). H200: the H100
 # chip with 4.8 TB/s HBM3e (H200 datasheet). Threads, blocks and registers per
 # SM (2048, 32, 64K) are the same on all four (CUDA guide, compute capabilities).
+# L2: 6, 40, 50 and 60 MB (the same sources; the H200's as CUDA reported it).
 GPUS = {
-    "V100": GpuSpec("V100", "sm_70", 80, 900e9, 1.530e9, 96 * 1024),
-    "A100": GpuSpec("A100", "sm_80", 108, 1555e9, 1.410e9, 163 * 1024),
-    "H100": GpuSpec("H100", "sm_90", 132, 3.35e12, 1.980e9, 227 * 1024),
-    "H200": GpuSpec("H200", "sm_90", 132, 4.8e12, 1.980e9, 227 * 1024),
+    "V100": GpuSpec("V100", "sm_70", 80, 900e9, 1.530e9, 96 * 1024, 6 << 20),
+    "A100": GpuSpec("A100", "sm_80", 108, 1555e9, 1.410e9, 163 * 1024, 40 << 20),
+    "H100": GpuSpec("H100", "sm_90", 132, 3.35e12, 1.980e9, 227 * 1024, 50 << 20),
+    "H200": GpuSpec("H200", "sm_90", 132, 4.8e12, 1.980e9, 227 * 1024, 60 << 20),
 }
 
 WARP = 32
 SCHEDULERS = 4                # warp schedulers per SM (Volta to Hopper)
-# An L2 miss; microbenchmarks put it at roughly 450-1000 cycles on these parts.
-# A round, assumed number: it only decides when few warps cannot hide latency.
-DRAM_LATENCY_CYCLES = 600
+# A load's round trip to DRAM under load (queueing included), fitted to the
+# H200 sweep (benchmarks/gpu_patterns.py --sweep, 2026-11-29: ~1.5 us at
+# 1.98 GHz; an idle L2 miss is 450-1000 cycles). It decides when too few
+# bytes are in flight to reach the bandwidth.
+DRAM_LATENCY_CYCLES = 3000
+# The fraction of the datasheet bandwidth a copy reaches: 4.27 of 4.8 TB/s
+# on the H200 (same run); assumed alike on the other parts.
+DRAM_EFFICIENCY = 0.89
 SECTOR = 32                   # bytes the L1 moves per access unit
 BARRIER_CYCLES = 20
 SHUFFLE_CYCLES = 2            # a shfl per 32-bit word
@@ -93,6 +100,9 @@ assert set(EXPENSIVE_CYCLES) == set(EXPENSIVE)
 # a body to keep few of them live). Fitted to ptxas for the standard patterns.
 BASE_REGISTERS = 18
 BODY_REGISTERS = 8
+# Fully unrolled loops (register-cached columns) keep no loop counters or
+# bounds: ptxas gave a 128-column softmax 28 registers looped, 21 unrolled.
+UNROLLED_SAVING = 6
 
 _BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8,
           "bool": 1}
@@ -217,7 +227,7 @@ def estimate_registers(plan) -> int:
     columns, accumulators, row values read inside loops, and the widest loop
     body's values up to BODY_REGISTERS."""
     kr = plan.kernel
-    regs = BASE_REGISTERS
+    regs = BASE_REGISTERS - (UNROLLED_SAVING if plan.cols_per_thread else 0)
     regs += sum(_WORDS[_cached_dtype(kr, v)] for v in plan.register_cached) \
         * (plan.cols_per_thread or 0)
     regs += sum(_acc_bytes(a) // 4 + _tracks_nan(a) for accs in kr.accumulators for a in accs)
@@ -342,18 +352,29 @@ def _sectors(tensor: k.Tensor, dtype: str, m, cols: int, in_loop: bool,
 
 # -- the evaluator -----------------------------------------------------------
 
-def dram_bytes(plan, rows: int, cols: int) -> int:
+def dram_bytes(plan, rows: int, cols: int, l2_bytes: int = 0) -> int:
     """Every input read once and every output written once (tensors spanning
-    only rows, or only columns, count that many elements)."""
+    only rows, or only columns, count that many elements). A split row's
+    launches share no registers or shared memory: each launch reads the
+    inputs of its loop again, from DRAM where the tensor outgrows half the
+    L2 (the H200 sweep: 64 MB inputs split over 2 blocks a row ran 2.7x
+    slower than unsplit)."""
     kr = plan.kernel
+    reads = [1] * len(kr.tensors)
+    if _phases(plan) > 1:
+        reads = [0] * len(kr.tensors)
+        for body in kr.loops:
+            for t in {st.tensor for st in body if isinstance(st, k.Load)}:
+                reads[t] += 1
     total = 0
-    for tn in kr.tensors:
+    for tn, times in zip(kr.tensors, reads):
         n = 1
         if any(g in kr.row_groups for g in tn.groups):
             n *= rows
         if any(g in kr.col_groups for g in tn.groups):
             n *= cols
-        total += n * _BYTES[tn.dtype]
+        size = n * _BYTES[tn.dtype]
+        total += size * (max(times, 1) if 2 * size > l2_bytes else 1)
     return total
 
 
@@ -374,8 +395,8 @@ def estimate(plan, gpu: Union[str, GpuSpec], rows: int, cols: Optional[int] = No
     warps_per_block = m.block_threads // WARP
     occ = bps * warps_per_block * WARP / g.sm.max_threads
     w_cycles = warp_cycles(plan, item_cols)
-    moved = dram_bytes(plan, rows, cols)
-    memory_s = moved / g.dram_bytes_per_s
+    moved = dram_bytes(plan, rows, cols, g.l2_bytes)
+    memory_s = moved / (g.dram_bytes_per_s * DRAM_EFFICIENCY)
     if bps == 0:
         return Estimate(regs, smem, blocks, 0, 0.0, 0, w_cycles, math.inf, memory_s, math.inf)
     if blocks == 0:
