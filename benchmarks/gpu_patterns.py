@@ -70,7 +70,7 @@ import numpy as np  # noqa: E402
 from tf_fusionstitch import gpu_choice, gpu_cost, gpu_kernels, patterns  # noqa: E402
 from tf_fusionstitch.codegen.generate import generate_cuda  # noqa: E402
 from tf_fusionstitch.codegen.gpu_printer import KERNEL_NAME, NVRTC_OPTIONS  # noqa: E402
-from tf_fusionstitch.gpu_schedule import plan_gpu  # noqa: E402
+from tf_fusionstitch.gpu_schedule import plan_gpu, static_cols  # noqa: E402
 from tf_fusionstitch.runtime import nvrtc  # noqa: E402
 from tf_fusionstitch.runtime.cpu_kernel import CpuKernel  # noqa: E402
 from tf_fusionstitch.runtime.cuda_kernel import launches  # noqa: E402
@@ -113,6 +113,14 @@ class Case:
 
     def rows(self, quick: bool) -> int:
         return math.prod((self.quick_dims if quick else self.dims)[:self.row_dims])
+
+    def plan_rows(self, quick: bool) -> int:
+        """Rows as the schedule sees them (all but its column axes): the
+        count the latency evaluator chooses the plan for. For NHWC batchnorm
+        that is N*H*W rows of C, not the N of make_inputs."""
+        dims = self.quick_dims if quick else self.dims
+        cols = static_cols(build_schedule(self.pattern.cluster))
+        return math.prod(dims) // cols if cols else self.rows(quick)
 
     def shape(self, quick: bool) -> str:
         return "x".join(map(str, self.quick_dims if quick else self.dims))
@@ -193,7 +201,7 @@ def nbytes(arrays) -> int:
 
 def compile_only_row(case: Case, gpu: str, arch: str, quick: bool, jax, rng) -> dict:
     rows = case.rows(quick)
-    plan = plan_gpu(build_schedule(case.pattern.cluster), gpu, rows)
+    plan = plan_gpu(build_schedule(case.pattern.cluster), gpu, case.plan_rows(quick))
     row = {"name": case.name, "shape": case.shape(quick), "rows": rows,
            "mapping": gpu_choice.describe(plan)}
     generated = generate_cuda(case.pattern.cluster, plan=plan)
@@ -362,12 +370,12 @@ def gpu_row(case: Case, device: Device, gpu: Optional[str], jax, rng) -> dict:
     quick = FLAGS.quick
     rows = case.rows(quick)
     schedule = build_schedule(case.pattern.cluster)
-    plan = plan_gpu(schedule, gpu, rows)
+    plan = plan_gpu(schedule, gpu, case.plan_rows(quick))
     row = {"name": case.name, "shape": case.shape(quick), "rows": rows,
            "mapping": gpu_choice.describe(plan)}
     generated = generate_cuda(case.pattern.cluster, plan=plan)
     if gpu is not None:
-        n_rows, cols = gpu_choice._extents(schedule, rows)
+        n_rows, cols = gpu_choice._extents(schedule, case.plan_rows(quick))
         row["predicted_ms"] = gpu_cost.estimate(plan, gpu, n_rows, cols).latency_s * 1e3
     try:
         row.update(ptxas_report(generated.source, device.arch))
@@ -414,8 +422,8 @@ def sweep_rows(case: Case, device: Device, gpu: Optional[str], rng) -> list:
     import cupy as cp
     rows = case.rows(FLAGS.quick)
     schedule = build_schedule(case.pattern.cluster)
-    n_rows, cols = gpu_choice._extents(schedule, rows)
-    chosen = gpu_choice.describe(plan_gpu(schedule, gpu, rows))
+    n_rows, cols = gpu_choice._extents(schedule, case.plan_rows(FLAGS.quick))
+    chosen = gpu_choice.describe(plan_gpu(schedule, gpu, case.plan_rows(FLAGS.quick)))
     inputs = case.pattern.make_inputs(rng, rows)
     want = case.pattern.reference(inputs)
     sets = [[cp.asarray(a) for a in inputs]]
