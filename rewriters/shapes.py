@@ -19,10 +19,23 @@ def to_tensor_type(dtype: tf.DType, shape: tf.TensorShape) -> Optional[ir.Tensor
     return ir.TensorType(_DTYPES[dtype], tuple(shape.as_list()))
 
 
+# Rounds of patching hints before giving up on the rest (they stay as inferred):
+# each round settles one more layer of ops that shape inference cannot see through.
+_MAX_HINT_ROUNDS = 16
+
+
 def infer_types(graph_def, hints: Dict[str, tf.TensorSpec]) -> Dict[Tensor, Optional[ir.TensorType]]:
     """`hints` maps tensor names ('op:0') to specs known from the traced function;
     they stand in for tensors whose shape inference cannot see through (a
-    variable read after its handle was re-imported loses the variable's shape)."""
+    variable read after its handle was re-imported loses the variable's shape).
+
+    A hint is a name's shape before Grappler, which may have rewired the node
+    under that name (the arithmetic pass turns relu(x) -> max_pool into
+    max_pool -> relu, keeping the name Relu and its pre-pool shape). So hints
+    are patched in dependency order: only where every input of the op is
+    already as known as hints can make it, and the op's own inference still
+    knows less; a stale hint then meets a known shape it contradicts and is
+    dropped."""
     def imported(input_map):
         g = tf.Graph()
         with g.as_default():
@@ -31,15 +44,24 @@ def infer_types(graph_def, hints: Dict[str, tf.TensorSpec]) -> Dict[Tensor, Opti
             tf.graph_util.import_graph_def(graph_def, input_map=feeds, name="")
         return g
 
-    g = imported({})
-    patch = {}
-    for op in g.get_operations():
-        for k, t in enumerate(op.outputs):
-            hint = hints.get(f"{op.name}:{k}")
-            if hint is not None and hint.dtype == t.dtype and _known_dims(hint.shape) > \
-                    _known_dims(t.shape) and hint.shape.is_compatible_with(t.shape):
-                patch[f"{op.name}:{k}"] = hint
-    if patch:
+    def wanted(t):
+        hint = hints.get(t.name)
+        if hint is not None and t.name not in patch and hint.dtype == t.dtype and \
+                _known_dims(hint.shape) > _known_dims(t.shape) and \
+                hint.shape.is_compatible_with(t.shape):
+            return hint
+        return None
+
+    patch: Dict[str, tf.TensorSpec] = {}
+    g = imported(patch)
+    for _ in range(_MAX_HINT_ROUNDS):
+        candidates = {t.name: wanted(t) for op in g.get_operations() for t in op.outputs}
+        candidates = {name: hint for name, hint in candidates.items() if hint is not None}
+        frontier = {name: hint for name, hint in candidates.items()
+                    if not any(i.name in candidates for i in g.get_tensor_by_name(name).op.inputs)}
+        if not frontier:
+            break
+        patch.update(frontier)
         g = imported(patch)
     types: Dict[Tensor, Optional[ir.TensorType]] = {}
     for op in g.get_operations():

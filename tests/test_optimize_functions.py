@@ -18,8 +18,8 @@ import numpy as np
 import tensorflow as tf
 
 import tf_fusionstitch as fs
-from optimize_testlib import (EPS, assert_reduction_close, assert_same, fused_op_types,
-                              fusion_stitch_nodes, random, rng, to_numpy)
+from optimize_testlib import (EPS, assert_reduction_close, assert_same, fused_clusters_with,
+                              fused_op_types, fusion_stitch_nodes, random, rng, to_numpy)
 from tf_fusionstitch.rewriters import op_table
 from tf_fusionstitch.runtime import cpu_compiler
 
@@ -341,6 +341,35 @@ class FunctionTest(tf.test.TestCase):
             assert_same(self, v.value(), r.value(), "transcendental", msg=v.name)
         self.assertNotEmpty(fusion_stitch_nodes(opt.graph_def))
         self.assertLen(opt.reports(), 1)
+
+    def test_grappler_rewired_node_keeps_no_stale_shape(self):
+        """Regression (found on the CRNN reference model): Grappler's arithmetic pass
+        turns relu(x) -> max_pool into max_pool -> relu and keeps the name Relu,
+        whose traced shape is the pre-pool one. The variable filter leaves the
+        conv's shape unknown on re-import, so that stale shape was patched in as
+        a hint: Relu stayed unfused and the reduction's kernel required
+        [2, 8, 16, 4] for its [2, 4, 8, 4] input (InvalidArgumentError at run time)."""
+        gen = rng(8095)
+        w = tf.Variable(random(gen, (3, 3, 1, 4), "float32"))
+        scale = tf.Variable(random(gen, (4,), "float32"))
+
+        def pooled(x):
+            y = tf.nn.conv2d(x, w, 1, "SAME") * scale + 0.5
+            return tf.nn.max_pool2d(tf.nn.relu(y), 2, 2, "VALID")
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 8, 16, 1])])
+        def f(x):
+            return tf.reduce_sum(pooled(x), axis=[1, 2])
+
+        opt = fs.optimize(f, min_cluster_ops=1)
+        for batch in (2, 3):
+            x = random(gen, (batch, 8, 16, 1), "float32")
+            assert_reduction_close(self, _quiet_call(opt, x), f(x), pooled(x), [1, 2], "sum",
+                                   False, msg=f"batch {batch}")
+        # Relu after the pool, in one kernel with the sum
+        relu_clusters = fused_clusters_with(opt, "Relu")
+        self.assertLen(relu_clusters, 1, str(opt.report()))
+        self.assertIn("Sum", [t for _, t in relu_clusters[0].tf_ops], str(opt.report()))
 
     def test_nested_outputs_and_none(self):
         @tf.function
