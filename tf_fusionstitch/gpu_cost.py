@@ -103,6 +103,12 @@ BODY_REGISTERS = 8
 # Fully unrolled loops (register-cached columns) keep no loop counters or
 # bounds: ptxas gave a 128-column softmax 28 registers looped, 21 unrolled.
 UNROLLED_SAVING = 6
+# An unrolled first loop with nothing cached keeps some columns' values
+# live to overlap their loads: about half a register a column (ptxas on the
+# standard patterns' candidates: 32 columns a thread, 32 registers), more
+# where it calls libm (assumed).
+UNROLLED_WORDS = 0.5
+UNROLLED_HEAVY_WORDS = 1.0
 
 _BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8,
           "bool": 1}
@@ -228,6 +234,11 @@ def estimate_registers(plan) -> int:
     body's values up to BODY_REGISTERS."""
     kr = plan.kernel
     regs = BASE_REGISTERS - (UNROLLED_SAVING if plan.cols_per_thread else 0)
+    if plan.cols_per_thread and not plan.register_cached:
+        heavy = any(isinstance(st, k.Compute) and st.prim in EXPENSIVE
+                    for st in kr.loops[0])  # only the first loop unrolls
+        per_col = UNROLLED_HEAVY_WORDS if heavy else UNROLLED_WORDS
+        regs += math.ceil(per_col * plan.cols_per_thread)
     regs += sum(_WORDS[_cached_dtype(kr, v)] for v in plan.register_cached) \
         * (plan.cols_per_thread or 0)
     regs += sum(_acc_bytes(a) // 4 + _tracks_nan(a) for accs in kr.accumulators for a in accs)

@@ -64,6 +64,13 @@ SMEM_BUDGET = 44 * 1024
 # most this many 32-bit registers of cached values; with ~30 for the rest a
 # thread stays under 64 registers, half of an SM's warps resident.
 MAX_COLS_PER_THREAD = 24
+# Loops with a static trip count up to this are unrolled whether or not
+# anything is cached: nvcc does not unroll a strided loop far enough to keep
+# a row's loads in flight. On the H200 a 1024-column softmax, a warp a row
+# (32 columns a lane), ran at 73% of copy bandwidth looped and 83% unrolled
+# (by hand). Clusters with reductions only: an elementwise loop unrolled
+# with erf or tanh kept no more loads in flight (ptxas: 20 registers).
+MAX_UNROLLED_COLS = 32
 REGISTER_CACHE_WORDS = 24
 # A loop with a libm call unrolls into that many calls' temporaries; up to
 # this many columns per thread they still fit beside the cached values.
@@ -180,11 +187,16 @@ def finish_plan(s: Schedule, kernel: kernel_ir.Kernel, mapping: GpuMapping,
     per_thread = None
     if cols is not None and (not s.tiled or cols <= ELEMENTWISE_TILE):  # one item per row
         per_thread = -(-cols // mapping.row_threads)
-        if per_thread > MAX_COLS_PER_THREAD:
+        if per_thread > MAX_UNROLLED_COLS:
             per_thread = None
-    cached = _register_cached(kernel, per_thread) if per_thread else ()
-    if not cached:
-        per_thread = None  # nothing to keep: the compiler unrolls strided loops itself
+    cached = ()
+    if per_thread and per_thread <= MAX_COLS_PER_THREAD:
+        cached = _register_cached(kernel, per_thread)
+    if per_thread and not cached and (not s.reductions or cols % mapping.row_threads):
+        # Elementwise: ptxas keeps few loads in flight unrolled anyway. A
+        # ragged last column unrolled behind its guard made ptxas spill
+        # (softmax_3000 on sm_80).
+        per_thread = None
     return GpuPlan(s, kernel, mapping, tuple(dropped), per_thread, cached)
 
 
