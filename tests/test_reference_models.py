@@ -6,19 +6,23 @@ two batch sizes, three optimized Adam training steps give TF's losses and
 variables from identical initial weights, and the rewrite fused something and
 fell back nowhere.
 
-Tolerances (float32, DESIGN.md Contracts):
+Tolerances (float32, DESIGN.md Contracts), for these tiny sizes:
 - inference outputs and losses: the whole-function tolerance of
   test_optimize_functions.test_train_step (optimize_testlib's transcendental
-  chains: rtol 1e-5, atol 1e-6), elementwise;
-- BatchNorm moving statistics: the same, elementwise;
+  chains: rtol 1e-5, atol 1e-6), elementwise. Layernorm and softmax rows have
+  at most 64 terms here, so their (n + 8) eps bound is below 1e-5; at real
+  sizes (hidden 768) it is ~1e-4 (BERT-base differs by 4.9e-6 on O(1) values,
+  past this tolerance and within that bound);
+- BatchNorm moving statistics: rtol 1e-5, atol 1e-6, elementwise;
 - trained weights: each variable's update over the three steps (final minus
   initial value), normwise: |du_fused - du_TF|_2 <= 1e-4 |du_TF|_2. Adam divides
   every gradient element by its running RMS, so an element whose gradient
   cancels (over the batch or across steps) turns a rounding difference of
   reordered float32 sums into a relative update difference of any size, up to
   the learning rate; such elements are isolated, so the normwise error stays at
-  1e-6..2e-5 here, while one wrong element moves it by ~lr / |du| ~ 1e-2 and a
-  wrong kernel by O(1).
+  3e-6..3e-5 here (gradients themselves agree to a few 1e-6), while one wrong
+  element moves it by ~lr / |du| ~ 1e-2 and a wrong kernel by O(1). Longer
+  reductions at real sizes raise it (CRNN's first conv, 8192 terms: 1.3e-4).
 """
 
 import inspect
