@@ -51,11 +51,10 @@ import json
 import math
 import os
 import pathlib
-import statistics
 import sys
 import time
 import traceback
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 # Run as a file (python benchmarks/gpu_patterns.py) from a copy of the tree
 # where the package is not installed: the repository root must be importable.
@@ -73,7 +72,8 @@ from tf_fusionstitch.codegen.gpu_printer import KERNEL_NAME, NVRTC_OPTIONS  # no
 from tf_fusionstitch.gpu_schedule import plan_gpu, static_cols  # noqa: E402
 from tf_fusionstitch.runtime import nvrtc  # noqa: E402
 from tf_fusionstitch.runtime.cpu_kernel import CpuKernel  # noqa: E402
-from tf_fusionstitch.runtime.cuda_kernel import launches  # noqa: E402
+from tf_fusionstitch.runtime.cuda_timing import (BoundKernel, Device, HELPERS,  # noqa: E402
+                                                  input_sets, wall_per_call)
 from tf_fusionstitch.schedule import build_schedule  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -97,9 +97,7 @@ flags.DEFINE_bool("sweep", False, "Also time every candidate plan of each case (
                   "evaluator's calibration data, written to gpu_sweep.md/.json.")
 flags.DEFINE_integer("sweep_timed", 30, "Event-timed calls per candidate plan in --sweep.")
 
-COPY_BYTES = 1 << 30          # copy-bandwidth buffer: far larger than any L2
 EMULATED_ELEMENTS = 1 << 18   # --compile_only: rows emulated on the CPU, about this many elements
-MAX_INPUT_SETS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,127 +242,6 @@ def ptxas_report(source: str, arch: str) -> dict:
 # ---------------------------------------------------------------------------
 # On a GPU
 
-# A float4 copy (one vector per thread) and a spin on the global timer that
-# keeps the GPU busy while the host enqueues the timed calls behind it.
-_HELPERS = r"""
-extern "C" __global__ void fs_copy4(const float4* __restrict__ src, float4* __restrict__ dst,
-                                    long long n) {
-  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) dst[i] = src[i];
-}
-extern "C" __global__ void fs_spin(unsigned long long ns) {
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
-}
-"""
-
-
-class Device:
-    """The current GPU: architecture, L2, helper kernels, event timing."""
-
-    def __init__(self, cp):
-        self.cp = cp
-        dev = cp.cuda.Device()
-        props = cp.cuda.runtime.getDeviceProperties(dev.id)
-        name = props["name"]
-        self.name = name.decode() if isinstance(name, bytes) else name
-        self.arch = "sm_" + dev.compute_capability
-        self.l2_bytes = int(props.get("l2CacheSize", 0)) or 64 << 20
-        module = cp.RawModule(path=str(nvrtc.cached_cubin(_HELPERS, self.arch, NVRTC_OPTIONS)))
-        self._copy4 = module.get_function("fs_copy4")
-        self._spin = module.get_function("fs_spin")
-
-    def spin(self, ms: float) -> None:
-        self._spin((1,), (1,), (np.uint64(int(ms * 1e6)),))
-
-    def event_times(self, calls: Sequence[Callable], n_timed: int, n_warmup: int) -> tuple:
-        """(median ms per call, host ms to enqueue them, spin ms): calls[i % len]
-        for each timed call, an event pair around each, enqueued behind a spin."""
-        cp = self.cp
-        for i in range(n_warmup):
-            calls[i % len(calls)]()
-        cp.cuda.Device().synchronize()
-        pairs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(n_timed)]
-        spin_ms = 5.0 + 0.05 * n_timed
-        self.spin(spin_ms)
-        t0 = time.perf_counter()
-        for i, (start, end) in enumerate(pairs):
-            start.record()
-            calls[i % len(calls)]()
-            end.record()
-        host_ms = (time.perf_counter() - t0) * 1e3
-        pairs[-1][1].synchronize()
-        times = [cp.cuda.get_elapsed_time(s, e) for s, e in pairs]
-        return statistics.median(times), host_ms, spin_ms
-
-    def copy_bandwidth(self, n_timed: int) -> dict:
-        """GB/s (bytes read + written) of a D2D memcpy and of the float4 kernel."""
-        cp = self.cp
-        src = cp.random.random(COPY_BYTES // 4, dtype=cp.float32)
-        dst = cp.empty_like(src)
-        n4 = src.size // 4
-        memcpy = lambda: dst.data.copy_from_device_async(src.data, src.nbytes)  # noqa: E731
-        kernel = lambda: self._copy4((-(-n4 // 256),), (256,), (src, dst, np.int64(n4)))  # noqa
-        out = {}
-        for label, fn in (("memcpy", memcpy), ("kernel", kernel)):
-            ms, _, _ = self.event_times([fn], n_timed, 3)
-            out[label] = 2 * src.nbytes / (ms * 1e-3) / 1e9
-        if not cp.array_equal(src, dst):
-            raise AssertionError("the copy kernel did not copy its buffer")
-        return out  # the caller frees the buffers' pool blocks
-
-
-def input_sets(bytes_per_call: int, l2_bytes: int) -> int:
-    """Copies of the inputs to rotate so that a call's data left the L2 since
-    its last use: the calls in between move at least twice the L2."""
-    return min(MAX_INPUT_SETS, 1 + -(-2 * l2_bytes // max(1, bytes_per_call)))
-
-
-class BoundKernel:
-    """One call of a generated kernel on fixed device buffers: the host shape
-    function runs once and outputs and workspace are allocated up front, so
-    a call is the kernel's launches alone (as in CudaKernel.run, which the
-    correctness check also runs)."""
-
-    def __init__(self, fn, kernel, arrays: Sequence):
-        import cupy as cp  # the caller checked that a GPU exists
-        out_shapes, ext, work = kernel.host([a.shape for a in arrays])
-        # NaN until a launch writes them: a kernel that skips an element fails the check.
-        self.outputs = [cp.full(s, np.nan, dtype=d) for s, d in zip(out_shapes, kernel.out_dtypes)]
-        extents = [np.int64(e) for e in ext]
-        self._launches = []
-        for begin, end, grid in launches(work, kernel.rows_per_block, kernel.row_blocks):
-            args = (np.int64(begin), np.int64(end), *arrays, *self.outputs, *extents)
-            if kernel.row_blocks == 1:
-                self._launches.append(((grid,), (kernel.block_threads,), args))
-                continue
-            ws = [cp.empty((end - begin) * kernel.row_blocks, dtype=d) for d in kernel.workspace]
-            for phase in range(kernel.phases):
-                self._launches.append(((grid,), (kernel.block_threads,),
-                                       (*args, np.int32(phase), *ws)))
-        self._fn = fn
-
-    def __call__(self) -> None:
-        for grid, block, args in self._launches:
-            self._fn(grid, block, args)
-
-
-def wall_per_call(call: Callable[[int], object], wait: Callable[[object], None],
-                  n_calls: int, n_batches: int) -> float:
-    """Median over batches of host ms per call, n_calls back to back, then wait."""
-    per = []
-    wait(call(0))
-    for _ in range(n_batches):
-        t0 = time.perf_counter()
-        last = None
-        for i in range(n_calls):
-            last = call(i)
-        wait(last)
-        per.append((time.perf_counter() - t0) * 1e3 / n_calls)
-    return statistics.median(per)
-
-
 def gpu_row(case: Case, device: Device, gpu: Optional[str], jax, rng) -> dict:
     import cupy as cp
     quick = FLAGS.quick
@@ -382,18 +259,16 @@ def gpu_row(case: Case, device: Device, gpu: Optional[str], jax, rng) -> dict:
     except Exception as exc:  # resources are informative; the run does not need them
         row["note"] = f"ptxas: {exc}"
     kernel = gpu_kernels.load_cuda(case.pattern.cluster, plan=plan)
-    fn = cp.RawModule(path=str(nvrtc.cached_cubin(generated.source, device.arch, NVRTC_OPTIONS))
-                      ).get_function(KERNEL_NAME)
 
     inputs = case.pattern.make_inputs(rng, rows)
     want = case.pattern.reference(inputs)
     on_device = [cp.asarray(a) for a in inputs]
     err_launcher, ok_launcher = check_outputs([o.get() for o in kernel.run(on_device)], want,
                                               case.pattern)
-    first = BoundKernel(fn, kernel, on_device)
+    first = BoundKernel(kernel, on_device)
     moved = nbytes(inputs) + nbytes(first.outputs)
     n_sets = input_sets(moved, device.l2_bytes)
-    bound = [first] + [BoundKernel(fn, kernel, [a.copy() for a in on_device])
+    bound = [first] + [BoundKernel(kernel, [a.copy() for a in on_device])
                        for _ in range(n_sets - 1)]
     ms, host_ms, spin_ms = device.event_times(bound, FLAGS.n_timed, FLAGS.n_warmup)
     # After timing: the outputs the timed launches wrote.
@@ -434,15 +309,12 @@ def sweep_rows(case: Case, device: Device, gpu: Optional[str], rng) -> list:
         try:
             if gpu is not None:
                 row["predicted_ms"] = gpu_cost.estimate(plan, gpu, n_rows, cols).latency_s * 1e3
-            generated = generate_cuda(case.pattern.cluster, plan=plan)
             kernel = gpu_kernels.load_cuda(case.pattern.cluster, plan=plan)
-            fn = cp.RawModule(path=str(nvrtc.cached_cubin(
-                generated.source, device.arch, NVRTC_OPTIONS))).get_function(KERNEL_NAME)
-            first = BoundKernel(fn, kernel, sets[0])
+            first = BoundKernel(kernel, sets[0])
             n_sets = input_sets(nbytes(inputs) + nbytes(first.outputs), device.l2_bytes)
             while len(sets) < n_sets:
                 sets.append([a.copy() for a in sets[0]])
-            bound = [first] + [BoundKernel(fn, kernel, s) for s in sets[1:n_sets]]
+            bound = [first] + [BoundKernel(kernel, s) for s in sets[1:n_sets]]
             row["ms"], _, _ = device.event_times(bound, FLAGS.sweep_timed, 3)
             row["error"], row["ok"] = check_outputs([o.get() for o in first.outputs], want,
                                                     case.pattern)
@@ -559,7 +431,7 @@ def main(argv):
     if FLAGS.compile_only:
         gpu, arch = FLAGS.gpu or "H200", FLAGS.arch
         meta.update(gpu=gpu, arch=arch)
-        nvrtc.compile_cubin(_HELPERS, arch, NVRTC_OPTIONS)  # the copy and spin kernels
+        nvrtc.compile_cubin(HELPERS, arch, NVRTC_OPTIONS)  # the copy and spin kernels
         preamble = [f"gpu_patterns --compile_only: plans chosen for {gpu}, compiled for {arch}, "
                     "emulated on the CPU against NumPy"]
     else:

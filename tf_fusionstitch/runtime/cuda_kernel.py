@@ -89,7 +89,7 @@ class CudaKernel:
         import cupy  # the caller checked that CuPy and a GPU exist
         self._cupy = cupy
         module = cupy.RawModule(path=os.fspath(cubin_path))
-        self._fn = module.get_function("fs_kernel")  # docs/KERNEL_ABI.md
+        self.function = module.get_function("fs_kernel")  # docs/KERNEL_ABI.md
         self.host = host
         self.in_dtypes = [device_dtype(d) for d in in_dtypes]
         self.out_dtypes = [device_dtype(d) for d in out_dtypes]
@@ -111,10 +111,10 @@ class CudaKernel:
         for begin, end, grid in launches(work, self.rows_per_block, self.row_blocks):
             args = (np.int64(begin), np.int64(end), *arrays, *outputs, *extents)
             if self.row_blocks == 1:
-                self._fn((grid,), (self.block_threads,), args)
+                self.function((grid,), (self.block_threads,), args)
                 continue
             # Launches on one stream run in order: each sees the last one's partials.
             ws = [cp.empty((end - begin) * self.row_blocks, dtype=d) for d in self.workspace]
             for phase in range(self.phases):
-                self._fn((grid,), (self.block_threads,), (*args, np.int32(phase), *ws))
+                self.function((grid,), (self.block_threads,), (*args, np.int32(phase), *ws))
         return outputs
