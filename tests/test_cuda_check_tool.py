@@ -60,3 +60,24 @@ def test_gpu_flag_splits_few_long_rows_and_emulates_the_split(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     (line,) = [l for l in res.stdout.splitlines() if l.startswith("softmax_4x65536 ")]
     assert line.split()[1] == "block" and line.split()[3].startswith("/") and line.endswith("yes")
+
+
+def _gpu_count() -> int:
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no CuPy, or no driver: no GPU
+        return 0
+
+
+def test_on_gpu_yes_without_a_gpu_says_why(tmp_path):
+    """Insisting on the GPU run where none is usable is an error that names
+    the reason; the default (auto) runs the checks that need no GPU."""
+    if _gpu_count():
+        import pytest
+        pytest.skip("a GPU is present")
+    res = run_tool(tmp_path, "--on_gpu=yes")
+    assert res.returncode != 0
+    assert "--on_gpu=yes but no GPU is usable" in res.stdout + res.stderr
+    res = run_tool(tmp_path)
+    assert res.returncode == 0 and "ours/call us" not in res.stdout

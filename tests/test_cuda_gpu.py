@@ -111,3 +111,19 @@ def test_sixteen_bit_layernorm_on_the_gpu_matches_the_emulation(dtype):
     tol = 2 ** -7 if dtype == "bfloat16" else 2 ** -10
     np.testing.assert_allclose(y.astype(np.float32), want[0].astype(np.float32), rtol=tol,
                                atol=tol)
+
+
+@needs_gpu
+def test_cuda_check_runs_checks_and_times_each_kernel_on_the_gpu(tmp_path):
+    import subprocess
+    import sys
+    spec = tmp_path / "softmax_70.json"
+    spec.write_text(patterns.softmax(70).cluster.to_json())
+    res = subprocess.run([sys.executable, "-m", "tf_fusionstitch.tools.cuda_check",
+                          "--nopatterns", f"--clusters={spec}", "--arch=sm_90", "--rows=0,5",
+                          "--on_gpu=yes", "--run_rows=1000", "--run_timed=5"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = [l for l in res.stdout.splitlines() if l.startswith("softmax_70 ")]
+    assert len(lines) == 2 and " yes " in lines[1], res.stdout  # the emulation's, the GPU's
+    assert res.stdout.splitlines()[-1] == "cuda_check: 1 kernels, 1 compiled, 1 checked, 0 failed"

@@ -17,8 +17,19 @@ GPU's architecture is among --arch, else from the evaluator's estimate.
   python -m tf_fusionstitch.tools.cuda_check --arch=sm_80,sm_90
   python -m tf_fusionstitch.tools.cuda_check --clusters=spec.json --nopatterns
   python -m tf_fusionstitch.tools.cuda_check --gpu=H100 --arch=sm_90
+
+On a machine with a GPU (--on_gpu=auto, the default, when CuPy sees one;
+--on_gpu=yes insists) each kernel also runs there, with the plan chosen for
+that device, on fresh random inputs with --run_rows rows: its outputs are
+checked like the emulation's, it is timed by CUDA events (median, inputs
+rotated past the L2), and, where JAX is installed, the same cluster run by
+JAX (array_interpreter.py: XLA fuses and compiles it) is checked and both
+are timed alike by the host clock over back-to-back calls. The GPU columns
+count towards the last line's failures. Only numpy and CuPy are needed.
 """
 
+import math
+import os
 import pathlib
 import sys
 
@@ -26,13 +37,14 @@ from absl import app
 from absl import flags
 import numpy as np
 
+from tf_fusionstitch import array_interpreter, gpu_choice, gpu_cost, gpu_kernels, patterns
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch import gpu_choice, gpu_cost, gpu_kernels, patterns
 from tf_fusionstitch.gpu_occupancy import SM_LIMITS, occupancy
 from tf_fusionstitch.gpu_schedule import plan_gpu
 from tf_fusionstitch.kernels import build_cpu_kernel
 from tf_fusionstitch.runtime import nvrtc
-from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
+from tf_fusionstitch.runtime.cpu_kernel import CpuKernel, as_dtype
+from tf_fusionstitch.runtime.cuda_timing import BoundKernel, Device, input_sets, wall_per_call
 from tf_fusionstitch.schedule import UnsupportedCluster, build_schedule
 
 FLAGS = flags.FLAGS
@@ -47,6 +59,10 @@ flags.DEFINE_enum("gpu", None, sorted(gpu_cost.GPUS),
                   "Choose each plan with the latency evaluator for this GPU and print its "
                   "predicted latency.")
 flags.DEFINE_integer("gpu_rows", None, "Rows the --gpu plans are chosen and predicted for.")
+flags.DEFINE_enum("on_gpu", "auto", ["auto", "yes", "no"],
+                  "Also run, check and time each kernel on the GPU (auto: when CuPy sees one).")
+flags.DEFINE_integer("run_rows", 16384, "Rows (dynamic dimensions) of the inputs on the GPU.")
+flags.DEFINE_integer("run_timed", 50, "Event-timed calls per kernel on the GPU (median).")
 
 
 def check(name, cluster, reference, rtol, atol, rows, archs, rng, gpu=None, gpu_rows=None):
@@ -79,6 +95,106 @@ def check(name, cluster, reference, rtol, atol, rows, archs, rng, gpu=None, gpu_
             err, good = patterns.max_error(got, want, rtol, atol)
             row["error"], row["ok"] = max(row["error"], err), row["ok"] and good
     return row
+
+
+def run_on_gpu(row, cluster, reference, rtol, atol, device, jax, rng) -> None:
+    """Adds the GPU columns to `row`: the kernel of the plan chosen for this
+    device on --run_rows rows, checked, event-timed, and against JAX."""
+    import cupy as cp
+    rows = FLAGS.run_rows
+    if reference is not None:
+        inputs = reference.make_inputs(rng, rows)
+        wanted = reference.reference(inputs)
+    else:
+        inputs = patterns.random_inputs(cluster, rows, rng)
+        wanted = CpuKernel(build_cpu_kernel(cluster).path).run(inputs)
+    schedule = build_schedule(cluster)
+    plan = plan_gpu(schedule, gpu_kernels.device_gpu(), _schedule_rows(schedule, cluster, inputs))
+    row["gpu_mapping"] = gpu_choice.describe(plan)
+    kernel = gpu_kernels.load_cuda(cluster, plan=plan)
+    on_device = [cp.asarray(a.view(np.uint16) if a.dtype.name == "bfloat16" else a)
+                 for a in inputs]
+    bound = BoundKernel(kernel, on_device)
+    moved = sum(a.nbytes for a in inputs) + sum(o.nbytes for o in bound.outputs)
+    sets = [bound] + [BoundKernel(kernel, [a.copy() for a in on_device])
+                      for _ in range(input_sets(moved, device.l2_bytes) - 1)]
+    ms, _, _ = device.event_times(sets, FLAGS.run_timed, 5)
+    got = [_host(o, d) for o, d in zip(bound.outputs, _out_dtypes(cluster))]
+    err, ok = _compare(got, wanted, rtol, atol)
+    row.update(gpu_us=ms * 1e3, gpu_gbps=moved / (ms * 1e-3) / 1e9, gpu_error=err, gpu_ok=ok)
+    row["ok"] = row["ok"] and ok
+    if jax is None:
+        return
+    fn = jax.jit(array_interpreter.interpret(cluster, jax.numpy))
+    jax_sets = [[jax.device_put(a) for a in inputs] for _ in range(len(sets))]
+    jax_err, jax_ok = _compare([np.asarray(o) for o in fn(*jax_sets[0])], wanted, rtol, atol)
+    calls, batches = 50, 9
+    ours = wall_per_call(lambda i: sets[i % len(sets)](),
+                         lambda _: cp.cuda.Device().synchronize(), calls, batches)
+    theirs = wall_per_call(lambda i: fn(*jax_sets[i % len(jax_sets)]),
+                           jax.block_until_ready, calls, batches)
+    row.update(jax_error=jax_err, jax_ok=jax_ok, ours_call_us=ours * 1e3,
+               jax_call_us=theirs * 1e3, speedup=theirs / ours)
+
+
+def _schedule_rows(schedule, cluster, inputs) -> int:
+    """Rows as the schedule counts them (all but its column axes) for these
+    inputs: N*H*W for an NHWC batchnorm whose inputs have batch N."""
+    extent = {}
+    for (name, _), a in zip(cluster.inputs, inputs):
+        for axis, n in zip(schedule.dim_axes[name], a.shape):
+            if axis is not None:
+                extent[axis] = n
+    return math.prod(extent.get(a, 1) for a in range(schedule.num_axes)
+                     if a not in schedule.col_axes)
+
+
+def _out_dtypes(cluster) -> list:
+    types = cluster.types()
+    return [types[o].dtype for o in cluster.outputs]
+
+
+def _host(array, dtype: str) -> np.ndarray:
+    """A device output as NumPy; bfloat16 comes back as its uint16 bits."""
+    out = array.get()
+    return out.view(as_dtype("bfloat16")) if dtype == "bfloat16" else out
+
+
+def _compare(got, wanted, rtol, atol) -> tuple:
+    err, ok = 0.0, len(got) == len(wanted)
+    for g, w in zip(got, wanted):
+        e, good = patterns.max_error(g, w, rtol, atol)
+        err, ok = max(err, e), ok and good
+    return err, ok
+
+
+def gpu_session(mode: str) -> tuple:
+    """(timing Device or None, jax or None, notes) for --on_gpu."""
+    if mode == "no":
+        return None, None, []
+    try:
+        import cupy as cp
+        count = cp.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no CuPy, no driver
+        count, why = 0, f"{type(exc).__name__}: {exc}"
+    else:
+        why = "CuPy sees no CUDA device"
+    if count == 0:
+        if mode == "yes":
+            sys.exit(f"cuda_check: --on_gpu=yes but no GPU is usable ({why})")
+        return None, None, []
+    device = Device(cp)
+    notes = [f"on {device.name} ({device.arch}): plans chosen for "
+             f"{gpu_kernels.device_gpu() or 'the thresholds'}, {FLAGS.run_rows} rows"]
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with CuPy
+    try:
+        import jax
+        if jax.devices()[0].platform != "gpu":
+            raise RuntimeError(f"JAX runs on {jax.devices()[0].platform}, not the GPU")
+    except Exception as exc:  # ImportError, or a backend that does not start
+        jax = None
+        notes.append(f"JAX columns skipped ({type(exc).__name__}: {exc})")
+    return device, jax, notes
 
 
 def predicted_latency(plan, gpu, rows, resources) -> tuple:
@@ -125,6 +241,27 @@ def print_table(rows, archs, gpu=None):
             print(f"{r['name']}: {r['note']}")
 
 
+def print_gpu_table(rows, notes) -> None:
+    head = (f"{'kernel':28} {'mapping':16} {'us':>9} {'GB/s':>6} {'error':>9} {'ok':>3} "
+            f"{'ours/call us':>12} {'JAX/call us':>11} {'speed-up':>8} {'JAX err':>9}")
+    print()
+    print(head)
+    print("-" * len(head))
+    f = lambda r, k, fmt: format(r[k], fmt) if k in r else "-"  # noqa: E731
+    for r in rows:
+        if "gpu_ok" not in r:
+            continue
+        print(f"{r['name']:28} {r.get('gpu_mapping', '-'):16} {f(r, 'gpu_us', '.1f'):>9} "
+              f"{f(r, 'gpu_gbps', '.0f'):>6} {f(r, 'gpu_error', '.1e'):>9} "
+              f"{'yes' if r['gpu_ok'] else 'NO':>3} {f(r, 'ours_call_us', '.1f'):>12} "
+              f"{f(r, 'jax_call_us', '.1f'):>11} {f(r, 'speedup', '.2f'):>8} "
+              f"{f(r, 'jax_error', '.1e'):>9}")
+    for n in notes + ["us: CUDA events, median, inputs rotated past the L2; GB/s: inputs "
+                      "read once + outputs written once", "ours/call, JAX/call: host clock "
+                      "over back-to-back calls then a sync; speed-up = JAX / ours"]:
+        print(f"note: {n}")
+
+
 def main(argv):
     del argv
     archs = FLAGS.arch
@@ -132,16 +269,29 @@ def main(argv):
     rng = np.random.default_rng(FLAGS.seed)
     if nvrtc.ptxas_path() is None:
         print("note: ptxas not on PATH; registers and spills are not reported")
-    results = []
+    device, jax, gpu_notes = gpu_session(FLAGS.on_gpu)
+    work = []
     if FLAGS.patterns:
-        for name, p in patterns.standard_patterns().items():
-            results.append(check(name, p.cluster, p, p.rtol, p.atol, rows_values, archs, rng,
-                                 FLAGS.gpu, FLAGS.gpu_rows))
+        work += [(name, p.cluster, p, p.rtol, p.atol)
+                 for name, p in patterns.standard_patterns().items()]
     for path in FLAGS.clusters:
         cluster = ir.Cluster.from_json(pathlib.Path(path).read_text())
-        results.append(check(pathlib.Path(path).stem, cluster, None, FLAGS.rtol, FLAGS.atol,
-                             rows_values, archs, rng, FLAGS.gpu, FLAGS.gpu_rows))
+        work.append((pathlib.Path(path).stem, cluster, None, FLAGS.rtol, FLAGS.atol))
+    results = []
+    for name, cluster, reference, rtol, atol in work:
+        row = check(name, cluster, reference, rtol, atol, rows_values, archs, rng,
+                    FLAGS.gpu, FLAGS.gpu_rows)
+        if device is not None and row["mapping"] != "-":
+            try:
+                run_on_gpu(row, cluster, reference, rtol, atol, device, jax, rng)
+            except Exception as exc:  # a kernel that fails there fails the check
+                row.update(gpu_ok=False, ok=False,
+                           note=f"on the GPU: {type(exc).__name__}: {str(exc)[:300]}")
+            device.cp.get_default_memory_pool().free_all_blocks()
+        results.append(row)
     print_table(results, archs, FLAGS.gpu)
+    if device is not None:
+        print_gpu_table(results, gpu_notes)
     spilled = {r["name"] for r in results for res in r["arch"].values()
                if res is not None and (res.spill_stores or res.spill_loads)}
     spills = bool(spilled)
