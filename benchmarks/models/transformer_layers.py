@@ -5,6 +5,7 @@ decoder layers (Keras layers, GELU feed-forward)."""
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 
@@ -20,6 +21,20 @@ class PositionalEmbedding(keras.layers.Layer):
     def call(self, ids):
         positions = tf.range(tf.shape(ids)[-1])
         return self.norm(self.tokens(ids) + self.positions(positions))
+
+
+class PaddingMask(keras.layers.Layer):
+    """1.0 for tokens, 0.0 for padding (id 0), as BERT's input_mask."""
+
+    def call(self, ids):
+        return tf.cast(tf.not_equal(ids, 0), tf.float32)
+
+
+def padded_token_ids(gen, batch, seq, vocab):
+    """Token ids 1..vocab-1 for a random length per row, then padding (0)."""
+    ids = gen.integers(1, vocab, size=(batch, seq))
+    lengths = gen.integers(1, seq + 1, size=(batch, 1))
+    return tf.constant(np.where(np.arange(seq) < lengths, ids, 0), tf.int32)
 
 
 class Attention(keras.layers.Layer):
@@ -43,10 +58,12 @@ class Attention(keras.layers.Layer):
         self.out = keras.layers.EinsumDense("bqhk,hkd->bqd", (None, hidden), bias_axes="d",
                                             name="attention_output")
 
-    def call(self, query, value):
+    def call(self, query, value, key_mask=None):
         q = self.query(query) * (self.key_dim ** -0.5)
         k, v = self.key(value), self.value(value)
         scores = tf.einsum("bqhk,bshk->bhqs", q, k)
+        if key_mask is not None:  # padding keys: BERT's additive -10000
+            scores += (1.0 - key_mask[:, None, None, :]) * -10000.0
         if self.causal:  # position i attends to positions <= i
             allowed = tf.linalg.band_part(tf.ones(tf.shape(scores)[-2:]), -1, 0)
             scores += (1.0 - allowed) * -1e9
@@ -63,16 +80,18 @@ def _add_norm(x, y, name):
     return keras.layers.LayerNormalization(epsilon=1e-12, name=name)(x + y)
 
 
-def encoder_layer(x, hidden, heads, ffn, prefix):
-    attn = Attention(heads, hidden // heads, name=f"{prefix}_attention")(x, x)
+def encoder_layer(x, key_mask, hidden, heads, ffn, prefix):
+    attn = Attention(heads, hidden // heads, name=f"{prefix}_attention")(x, x, key_mask)
     x = _add_norm(x, attn, f"{prefix}_attention_ln")
     return _add_norm(x, _feed_forward(x, hidden, ffn, prefix), f"{prefix}_output_ln")
 
 
-def decoder_layer(x, memory, hidden, heads, ffn, prefix):
-    """Causal self-attention, cross-attention over the encoder's output, feed-forward."""
+def decoder_layer(x, memory, memory_mask, hidden, heads, ffn, prefix):
+    """Causal self-attention, cross-attention over the encoder's output (its
+    padding masked), feed-forward."""
     attn = Attention(heads, hidden // heads, causal=True, name=f"{prefix}_self_attention")(x, x)
     x = _add_norm(x, attn, f"{prefix}_self_attention_ln")
-    cross = Attention(heads, hidden // heads, name=f"{prefix}_cross_attention")(x, memory)
+    cross = Attention(heads, hidden // heads, name=f"{prefix}_cross_attention")(
+        x, memory, memory_mask)
     x = _add_norm(x, cross, f"{prefix}_cross_attention_ln")
     return _add_norm(x, _feed_forward(x, hidden, ffn, prefix), f"{prefix}_output_ln")
