@@ -38,9 +38,6 @@ class ReferenceModel:
     inference: tf.types.experimental.GenericFunction
     train_step: tf.types.experimental.GenericFunction
 
-    def trainable_values(self):
-        return [v.numpy() for v in self.model.trainable_variables]
-
 
 def generator(seed: Seed) -> np.random.Generator:
     return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
