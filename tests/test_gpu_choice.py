@@ -3,6 +3,11 @@ where the thresholds' choice holds, where the evaluator changes it and why,
 and that every chosen or candidate plan still computes the right thing in
 the C++ emulation of the CUDA schedule. TF-free; emulation needs g++."""
 
+import json
+import math
+import pathlib
+import sys
+
 import gpu_edge_clusters as edge
 import numpy as np
 import pytest
@@ -22,29 +27,45 @@ def check_softmax(cluster, plan, x, reverse_threads=False):
     np.testing.assert_allclose(y, edge.softmax_reference(x), rtol=2e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("gpu", GPUS)
-def test_large_memory_bound_patterns_keep_the_thresholds_plan(gpu):
-    """At 16384 rows of at most 4096 columns every standard pattern keeps
-    the thresholds' plan and is predicted bound by memory. Rows of 5000
-    columns take 1024 threads instead of 256: a thread's strided loop waits
-    a DRAM round trip per STRIDED_UNROLL columns, and 20 columns a thread
-    wait five of them (the H200 sweep put that latency near 1.5 us); the
-    V100's 900 GB/s needs fewer bytes in flight, and 256 threads keep up."""
-    for name, p in PATTERNS.items():
-        s = build_schedule(p.cluster)
-        chosen, default = plan_gpu(s, gpu), plan_gpu(s)
-        e = gpu_cost.estimate(chosen, gpu, gpu_choice.ASSUMED_ROWS)
-        if name == "log_softmax_5000" and gpu != "V100":
-            assert (chosen.mapping.kind, chosen.mapping.block_threads) == ("block", 1024)
-            assert default.mapping.block_threads == 256
-            assert e.latency_s < gpu_cost.estimate(default, gpu, gpu_choice.ASSUMED_ROWS).latency_s
-            continue
-        if name == "softmax_3000" and gpu == "H100":
-            assert chosen.mapping.block_threads > default.mapping.block_threads
-            continue
-        assert (chosen.mapping, chosen.kernel.buffers) == (
-            default.mapping, default.kernel.buffers), (name, gpu_choice.describe(chosen))
-        assert e.memory_s >= e.compute_s, name
+def _measured_cases():
+    """(case, {mapping: measured ms}) of benchmarks/gpu_patterns.py's cases
+    from the H200 sweep checked in under tests/gpu_measurements."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import gpu_patterns
+    finally:
+        sys.path.pop(0)
+    sweep = json.loads((root / "tests" / "gpu_measurements" / "h200_sweep.json").read_text())
+    out = []
+    for case in gpu_patterns.cases():
+        times = {r["mapping"]: r["ms"] for r in sweep["plans"]
+                 if r["name"] == case.name and r.get("ok")}
+        out.append((case, times))
+    return out
+
+
+def test_h200_choices_are_within_3_percent_of_the_measured_best():
+    """The latency evaluator's constants are fitted to this sweep (gpu_cost.py):
+    for each standard benchmark case the plan it chooses for the H200 ran
+    within 3% of the fastest of all candidates, and its predictions are off
+    by 27% (geometric mean) over the 100-odd plans. Kernels that change
+    must be measured again (gpu_patterns.py --sweep on an H200)."""
+    errors = []
+    for case, times in _measured_cases():
+        schedule = build_schedule(case.pattern.cluster)
+        rows = case.plan_rows(False)
+        chosen = gpu_choice.describe(plan_gpu(schedule, "H200", rows))
+        assert chosen in times, (case.name, chosen)
+        assert times[chosen] <= 1.03 * min(times.values()), (case.name, chosen, times)
+        n_rows, cols = gpu_choice._extents(schedule, rows)
+        for plan in gpu_choice.candidate_plans(schedule):
+            measured = times.get(gpu_choice.describe(plan))
+            if measured:
+                predicted = gpu_cost.estimate(plan, "H200", n_rows, cols).latency_s * 1e3
+                errors.append(abs(math.log(predicted / measured)))
+    assert len(errors) > 100
+    assert math.exp(sum(errors) / len(errors)) < 1.3
 
 
 @pytest.mark.parametrize("gpu", GPUS)
@@ -78,31 +99,37 @@ def test_four_very_long_rows_are_split_across_blocks(gpu):
     assert fast.latency_s < min(unsplit.values())
 
 
-def test_many_long_rows_are_split_where_a_block_each_leaves_sms_idle():
-    """64 rows x 30000: a block per row busies 64 SMs of 80-132 and each
-    thread loops over 30-120 columns; split over several blocks a row, every
-    SM streams, and the extra launches (and, where x outgrows half the L2,
-    its re-reads from DRAM) cost less than that saves."""
+def test_many_long_rows_are_split_where_the_l2_holds_them():
+    """64 rows x 30000 (7.7 MB): a block per row busies 64 of 108-132 SMs;
+    split over 8 blocks a row, every SM streams and each launch's re-read
+    of x hits the A100's or H100's L2. The V100's 6 MB L2 cannot hold x:
+    every launch would read it from DRAM again, so it keeps a block a row."""
     s = build_schedule(edge.softmax((64, 30000)))
-    for gpu in GPUS:
+    for gpu in ("A100", "H100"):
         scored = gpu_choice.score_all(s, gpu)
         unsplit = min(c.estimate.latency_s for c in scored if c.plan.mapping.row_blocks == 1)
         chosen = plan_gpu(s, gpu)
         assert chosen.mapping.row_blocks > 1, gpu
         assert gpu_cost.estimate(chosen, gpu, 64).latency_s < unsplit
+    assert plan_gpu(s, "V100").mapping.row_blocks == 1
 
 
 def test_tiny_rows_are_packed_a_thread_each():
     """Rows of 2 columns: a thread per row keeps every lane busy, a warp per
-    row idles 30 lanes; the evaluator prefers packing on every GPU (by less
-    where few bytes in flight bound both: the H100's bandwidth needs more)."""
+    row idles 30 lanes, a block per row 254. The V100 and A100 pack; on the
+    H100 both thread and warp rows are bound by the bytes they keep in
+    flight, and come out within 5% of each other."""
     s = build_schedule(edge.softmax((N, 2)))
     for gpu in GPUS:
         scored = gpu_choice.score_all(s, gpu)
         best = {kind: min(c.estimate.latency_s for c in scored if c.plan.mapping.kind == kind)
                 for kind in ("thread", "warp", "block")}
-        assert best["thread"] < best["warp"] < best["block"], (gpu, best)
-        assert plan_gpu(s, gpu).mapping.kind == "thread"
+        assert max(best["thread"], best["warp"]) * 5 < best["block"], (gpu, best)
+        if gpu == "H100":
+            assert best["thread"] == pytest.approx(best["warp"], rel=0.05)
+        else:
+            assert best["thread"] < best["warp"], (gpu, best)
+            assert plan_gpu(s, gpu).mapping.kind == "thread"
 
 
 def test_expensive_values_are_tried_both_ways():

@@ -91,9 +91,10 @@ def test_estimate_of_a_softmax_on_h100_by_hand():
     A full SM: 64 warps, 16 per scheduler, so a wave takes 16 warps' cycles
     (more than one warp's cycles + its one DRAM round trip: loop 1 reads x
     from registers). Memory: x read and y written once at the copy
-    bandwidth (DRAM_EFFICIENCY of 3.35 TB/s), but 8448 warps with 16 B per
-    lane in flight cannot cover the loaded DRAM latency (Little's law): the
-    H200 sweep measured such 128-column softmaxes at 30-42% of copy."""
+    bandwidth (DRAM_EFFICIENCY of 3.35 TB/s); 8448 warps with 16 B per lane
+    in flight cover the loaded DRAM latency (Little's law) on the H100, by
+    less than 2x. Memory and issue overlap but for OVERLAP_LOSS of the
+    shorter."""
     plan = _softmax_128()
     rows = 25344
     e = gpu_cost.estimate(plan, "H100", rows, registers=32)
@@ -105,9 +106,9 @@ def test_estimate_of_a_softmax_on_h100_by_hand():
     assert gpu_cost.dram_bytes(plan, rows, 128) == moved
     bandwidth = moved / (3.35e12 * gpu_cost.DRAM_EFFICIENCY)
     little = moved * DRAM_LATENCY_CYCLES / 1.98e9 / (8448 * 32 * 16)
-    assert bandwidth < little
-    assert e.memory_s == pytest.approx(little)
-    assert e.latency_s == e.memory_s
+    assert little < bandwidth < 2 * little
+    assert e.memory_s == pytest.approx(bandwidth)
+    assert e.latency_s == pytest.approx(e.memory_s + gpu_cost.OVERLAP_LOSS * e.compute_s)
     # V100: 80 SMs x 8 blocks a wave, 900 GB/s: there the bandwidth binds.
     v = gpu_cost.estimate(plan, "V100", rows, registers=32)
     assert v.waves == math.ceil(3168 / 640)
@@ -145,7 +146,7 @@ def test_a_split_row_costs_its_slice_its_partials_and_its_launches():
     loop2 = 8 * (LOOP_CYCLES + 4 + 1 + 8 + 10 + 4)
     partials = 16 * (2 + 1 + 1) + 16 * (2 + 1 + 1) + 16 * (1 + 1)
     w = DIVMOD_CYCLES + 2 + loop0 + loop1 + loop2 + partials
-    assert gpu_cost.warp_cycles(plan, 65536) == w == 787
+    assert gpu_cost.warp_cycles(plan, 65536) == w == 947
     e = gpu_cost.estimate(plan, "H100", 4, registers=32)
     assert (e.blocks, e.waves) == (64, 1)
     assert e.wave_cycles == w + 3 * 2 * DRAM_LATENCY_CYCLES > w * 4

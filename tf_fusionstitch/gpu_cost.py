@@ -70,12 +70,18 @@ SCHEDULERS = 4                # warp schedulers per SM (Volta to Hopper)
 # H200 sweep (benchmarks/gpu_patterns.py --sweep, 2026-11-29: ~1.5 us at
 # 1.98 GHz; an idle L2 miss is 450-1000 cycles). It decides when too few
 # bytes are in flight to reach the bandwidth.
-DRAM_LATENCY_CYCLES = 3000
+DRAM_LATENCY_CYCLES = 1500
 # The fraction of the datasheet bandwidth a copy reaches: 4.27 of 4.8 TB/s
 # on the H200 (same run); assumed alike on the other parts.
 DRAM_EFFICIENCY = 0.89
+# A later loop reloading an input that is neither in registers nor in
+# shared memory reads it from the L1 or L2, at this many times the copy
+# bandwidth, and OVERLAP_LOSS of the shorter of memory and issue time adds
+# to the longer. Both fitted to the H200 sweep (see OVERLAP_LOSS's use).
+L2_BANDWIDTH_RATIO = 3.0
+OVERLAP_LOSS = 0.5
 SECTOR = 32                   # bytes the L1 moves per access unit
-BARRIER_CYCLES = 20
+BARRIER_CYCLES = 100
 SHUFFLE_CYCLES = 2            # a shfl per 32-bit word
 LOOP_CYCLES = 2               # counter, compare and branch per column
 DIVMOD_CYCLES = 20            # a 64-bit / and % of a run-time extent
@@ -103,7 +109,7 @@ BODY_REGISTERS = 8
 # Fully unrolled loops (register-cached columns) keep no loop counters or
 # bounds: ptxas gave a 128-column softmax 28 registers looped, 21 unrolled.
 UNROLLED_SAVING = 6
-# An unrolled first loop with nothing cached keeps some columns' values
+# Unrolled loops with nothing cached keep some columns' values
 # live to overlap their loads: about half a register a column (ptxas on the
 # standard patterns' candidates: 32 columns a thread, 32 registers), more
 # where it calls libm (assumed).
@@ -147,7 +153,10 @@ class Estimate:
 
     @property
     def latency_s(self) -> float:
-        return max(self.memory_s, self.compute_s)
+        # Memory and issue overlap, but not entirely: a block's barriers and
+        # dependent reductions leave its loads idle for a while.
+        return max(self.memory_s, self.compute_s) + OVERLAP_LOSS * min(self.memory_s,
+                                                                       self.compute_s)
 
 
 def _row_cols(plan) -> Optional[int]:
@@ -236,7 +245,7 @@ def estimate_registers(plan) -> int:
     regs = BASE_REGISTERS - (UNROLLED_SAVING if plan.cols_per_thread else 0)
     if plan.cols_per_thread and not plan.register_cached:
         heavy = any(isinstance(st, k.Compute) and st.prim in EXPENSIVE
-                    for st in kr.loops[0])  # only the first loop unrolls
+                    for body in kr.loops for st in body)
         per_col = UNROLLED_HEAVY_WORDS if heavy else UNROLLED_WORDS
         regs += math.ceil(per_col * plan.cols_per_thread)
     regs += sum(_WORDS[_cached_dtype(kr, v)] for v in plan.register_cached) \
@@ -389,6 +398,27 @@ def dram_bytes(plan, rows: int, cols: int, l2_bytes: int = 0) -> int:
     return total
 
 
+def reread_bytes(plan, rows: int, cols: int) -> int:
+    """Bytes that loops after a tensor's first read load again from the
+    cache, where the value is not in this thread's registers (a split row's
+    launches re-read from DRAM instead: dram_bytes counts those)."""
+    kr = plan.kernel
+    if _phases(plan) > 1:
+        return 0
+    seen, total = set(), 0
+    for loop, body in enumerate(kr.loops):
+        for st in body:
+            if not isinstance(st, k.Load) or st.dst in plan.register_cached:
+                continue
+            if st.tensor in seen:
+                tn = kr.tensors[st.tensor]
+                n = (rows if any(g in kr.row_groups for g in tn.groups) else 1) * \
+                    (cols if any(g in kr.col_groups for g in tn.groups) else 1)
+                total += n * _BYTES[tn.dtype]
+        seen |= {st.tensor for st in body if isinstance(st, k.Load)}
+    return total
+
+
 def estimate(plan, gpu: Union[str, GpuSpec], rows: int, cols: Optional[int] = None,
              registers: Optional[int] = None) -> Estimate:
     """The predicted latency of `plan` on `gpu` for `rows` rows (the product
@@ -407,7 +437,9 @@ def estimate(plan, gpu: Union[str, GpuSpec], rows: int, cols: Optional[int] = No
     occ = bps * warps_per_block * WARP / g.sm.max_threads
     w_cycles = warp_cycles(plan, item_cols)
     moved = dram_bytes(plan, rows, cols, g.l2_bytes)
-    memory_s = moved / (g.dram_bytes_per_s * DRAM_EFFICIENCY)
+    bandwidth = g.dram_bytes_per_s * DRAM_EFFICIENCY
+    memory_s = moved / bandwidth + reread_bytes(plan, rows, cols) / (L2_BANDWIDTH_RATIO
+                                                                      * bandwidth)
     if bps == 0:
         return Estimate(regs, smem, blocks, 0, 0.0, 0, w_cycles, math.inf, memory_s, math.inf)
     if blocks == 0:
