@@ -225,12 +225,8 @@ class _GpuBody(printer._Printer):
                     self.reg(f"a_{a.acc}", self.acc_type(a.dtype, a.kind))
                     if self.tracks_nan(a):
                         self.reg(f"n_{a.acc}", "int")
-                # Cached values live in arrays indexed by the unrolled counter,
-                # so every loop unrolls; without them only the first loop,
-                # whose loads go to DRAM (later ones hit the L1 or shared memory).
-                unrolled = self.per_thread is not None and (bool(self.cached) or seg == 0)
                 self.col_loop(kr.loops[seg], accs, 0, lo, hi, self.row_thread,
-                              m.row_threads, unrolled=unrolled)
+                              m.row_threads, unrolled=self.per_thread is not None)
                 if accs:
                     self.reduce(accs)
         self.parts.append(self.lines)
