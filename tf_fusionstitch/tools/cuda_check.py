@@ -120,14 +120,15 @@ def run_on_gpu(row, cluster, reference, rtol, atol, device, jax, rng) -> None:
                       for _ in range(input_sets(moved, device.l2_bytes) - 1)]
     ms, _, _ = device.event_times(sets, FLAGS.run_timed, 5)
     got = [_host(o, d) for o, d in zip(bound.outputs, _out_dtypes(cluster))]
-    err, ok = _compare(got, wanted, rtol, atol)
+    err, ok = _compare(got, wanted, rtol, atol, normwise=reference is None)
     row.update(gpu_us=ms * 1e3, gpu_gbps=moved / (ms * 1e-3) / 1e9, gpu_error=err, gpu_ok=ok)
     row["ok"] = row["ok"] and ok
     if jax is None:
         return
     fn = jax.jit(array_interpreter.interpret(cluster, jax.numpy))
     jax_sets = [[jax.device_put(a) for a in inputs] for _ in range(len(sets))]
-    jax_err, jax_ok = _compare([np.asarray(o) for o in fn(*jax_sets[0])], wanted, rtol, atol)
+    jax_err, jax_ok = _compare([np.asarray(o) for o in fn(*jax_sets[0])], wanted, rtol, atol,
+                               normwise=reference is None)
     calls, batches = 50, 9
     ours = wall_per_call(lambda i: sets[i % len(sets)](),
                          lambda _: cp.cuda.Device().synchronize(), calls, batches)
@@ -160,10 +161,18 @@ def _host(array, dtype: str) -> np.ndarray:
     return out.view(as_dtype("bfloat16")) if dtype == "bfloat16" else out
 
 
-def _compare(got, wanted, rtol, atol) -> tuple:
+def _compare(got, wanted, rtol, atol, normwise=False) -> tuple:
+    """(largest error, all within tolerance). `normwise`: rtol relative to
+    the output's largest magnitude rather than each element's. A spec file's
+    reference is the CPU kernel, which sums in double; the GPU sums a
+    column of thousands of rows in float32 (as TF's and XLA's GPU kernels
+    do), and where such a sum nearly cancels a later subtraction the
+    element's own magnitude is no measure of its error (BERT's bias-gradient
+    clusters at 2048 rows: ours and XLA's both 2.3e-3 off on values of ~100)."""
     err, ok = 0.0, len(got) == len(wanted)
     for g, w in zip(got, wanted):
-        e, good = patterns.max_error(g, w, rtol, atol)
+        scale = np.nanmax(np.abs(np.where(np.isinf(w), 0, w)), initial=0.0) if normwise else 0.0
+        e, good = patterns.max_error(g, w, rtol, atol + rtol * scale)
         err, ok = max(err, e), ok and good
     return err, ok
 
