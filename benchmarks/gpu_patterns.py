@@ -35,13 +35,9 @@ JAX functions are checked on the CPU when JAX is installed.
   python benchmarks/gpu_patterns.py --out=$OUT/gpu_patterns.md   # on a GPU
   python benchmarks/gpu_patterns.py --compile_only --quick          # anywhere
 
-Runtime on an H200 (estimated, not yet measured): NVRTC ~1-3 s and the host
-shape function (g++) ~1-2 s per pattern, ptxas ~1 s, 7 patterns -> ~35 s;
-float64 NumPy references ~15 s (np.vectorize(math.erf) on 12.6M elements is
-most of it); JAX import + 7 jit compiles ~10 s; timing: 1 GiB copies
-(~0.5 ms x 45) plus, per pattern, (10 + 100) event-timed calls and
-2 x 15 x 50 wall-timed calls of 3 us - 0.2 ms -> ~3 s; about 1-2 minutes in
-all, output written under $OUT.
+Runtime on an H200 (measured 2026-11-29): about 35 s, 100 s with --sweep;
+JAX's import and the float64 NumPy references are most of it. Output is
+written under $OUT.
 """
 
 from __future__ import annotations
