@@ -12,7 +12,10 @@ Python runs only at trace time; each call runs one TensorFlow function.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
+import pathlib
+import re
 import threading
 import time
 import warnings
@@ -47,6 +50,7 @@ class OptimizedFunction:
         self._lock = threading.Lock()
         self._reports: List[Report] = []
         self._graph_def = None
+        self._graph_defs = []
         if isinstance(fn, tf.types.experimental.ConcreteFunction):
             arg_specs = fn.structured_input_signature[0]
             signature = [s for s in tf.nest.flatten(arg_specs, expand_composites=True)
@@ -87,6 +91,29 @@ class OptimizedFunction:
     def reports(self) -> List[Report]:
         return list(self._reports)
 
+    def export_clusters(self, directory) -> List[pathlib.Path]:
+        """Writes the fusion spec of every FusionStitch kernel of every trace
+        so far to `directory` as JSON (one file per distinct cluster, named
+        by the function and a hash of the spec), for
+        `python -m tf_fusionstitch.tools.cuda_check --clusters=...`.
+        Returns the paths, in order of first appearance."""
+        out_dir = pathlib.Path(directory)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            graph_defs = list(self._graph_defs)
+        paths, seen = [], set()
+        for graph_def in graph_defs:
+            for node in graph_def.node:
+                if node.op != "FusionStitch" or node.attr["spec"].s in seen:
+                    continue
+                spec = node.attr["spec"].s
+                seen.add(spec)
+                digest = hashlib.sha256(spec).hexdigest()[:10]
+                path = out_dir / f"{_file_stem(self._name)}_{digest}.json"
+                path.write_bytes(spec)
+                paths.append(path)
+        return paths
+
     # -- tracing -----------------------------------------------------------
     def _trace(self, *args, **kwargs):
         concrete = self._original.get_concrete_function(*args, **kwargs)
@@ -116,6 +143,7 @@ class OptimizedFunction:
         with self._lock:
             self._reports.append(report)
             self._graph_def = rewritten
+            self._graph_defs.append(rewritten)
         input_map = {t.name: f for t, f in zip(graph.inputs[:n_args], feeds)}
         for placeholder, captured in zip(graph.inputs[n_args:], concrete.captured_inputs):
             input_map[placeholder.name] = tf.identity(captured)
@@ -174,6 +202,11 @@ class OptimizedFunction:
         kernel = kernels.build_cpu_kernel(cluster, timeout=self._options["compile_timeout"])
         loader.register_kernel(kernel.key, kernel.path, kernel.spec)
         return kernel
+
+
+def _file_stem(name: str) -> str:
+    """A function name as a safe file-name part."""
+    return re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_")[:40] or "function"
 
 
 def _signature_text(concrete) -> str:
