@@ -1,0 +1,399 @@
+"""The reference models end to end: kernel counts, rewrite time and step time (issue 4).
+
+  python benchmarks/models.py                                # all five, real sizes
+  python benchmarks/models.py --models=bert,dien --size=tiny --repeats=3 --out=/tmp/m.md
+
+For each model of benchmarks/models/ (its training step, and BERT's inference too):
+
+  kernels   memory-intensive kernels (rewriters/kernel_count.py) of the graph TF runs after
+            Grappler, of the plan XLA's fusion rules make (`optimize(fn, fusion="xla_like")`)
+            and of the FusionStitch plan (`optimize(fn)`): the paper's Table 2 column.
+  cold s    the FusionStitch rewrite (Grappler, exploration, code generation, compilation;
+            Report.rewrite_seconds) with an empty kernel cache: every row gets a fresh
+            TF_FUSIONSTITCH_CACHE_DIR (0700) before its first optimize. The op library itself
+            is built (or found in the usual cache) once per process before that, as an
+            installation would, and is not counted.
+  warm s    the same rewrite again in a new OptimizedFunction, with every kernel cached.
+  TF/XLA/fs median step time of tf.function, tf.function(jit_compile=True) of the same Python
+            function, and the FusionStitch-optimized function. Each contender has its own
+            model built from the same seed (identical initial weights, checked); calls are
+            interleaved (one call of each per round, the order rotating) after --warmup
+            rounds; each time is time.perf_counter around one call whose result is not copied
+            out (eager CPU execution returns when the work is done).
+  diff      |loss - TF's loss| of the first step (before any update), for XLA and fs; for
+            inference, the max abs difference of the outputs. A difference above
+            --rtol * max(1, |TF|) is flagged in the notes, and the model is still timed.
+
+A failure in one model or contender is recorded in the table's notes; the others still run.
+"""
+
+import datetime
+import os
+import pathlib
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import results_md  # noqa: E402  (benchmarks/ is this script's directory, first on sys.path)
+
+_HERE = pathlib.Path(__file__).resolve().parent
+# This file shadows nothing: `models` on sys.path[0] is the package benchmarks/models/ (a
+# package wins over a module of the same name), but its modules import `benchmarks.models`,
+# so the repository root goes on the path too.
+sys.path.insert(1, str(_HERE.parent))
+from benchmarks import models as reference_models  # noqa: E402
+
+import tf_fusionstitch as fs  # noqa: E402
+from tf_fusionstitch.runtime import cache as fs_cache  # noqa: E402
+
+BEGIN, END = "<!-- models:begin -->", "<!-- models:end -->"
+ALL_MODELS = tuple(reference_models.MODELS)
+CONTENDERS = ("TF", "XLA", "fs")
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("models", list(ALL_MODELS), f"Comma-separated subset of {', '.join(ALL_MODELS)}.")
+flags.DEFINE_enum("size", "real", list(reference_models.SIZES), "The models' size set.")
+flags.DEFINE_integer("batch", None, "Batch size of every model; default per model "
+                     "(DEFAULT_BATCH at real sizes, 4 at tiny).")
+flags.DEFINE_list("override", [], "Size overrides, model.size=value, e.g. bert.layers=6 "
+                  "(values are Python literals).")
+flags.DEFINE_integer("repeats", 7, "Timed rounds (one call of each contender per round); "
+                     "the median is reported.")
+flags.DEFINE_integer("warmup", 2, "Untimed rounds after the first (checked) call.")
+flags.DEFINE_float("rtol", 1e-4, "First-step loss / inference output differences above "
+                   "rtol * max(1, |TF|) are flagged.")
+flags.DEFINE_string("out", str(_HERE / "RESULTS.md"),
+                    "Markdown file whose models section is (re)written; empty: do not write.")
+flags.DEFINE_alias("results", "out")
+flags.DEFINE_bool("inference", True, "Also benchmark BERT's inference function.")
+
+# Real-size batches that keep one training step of each model at about a second on a
+# 2-core CPU (three contenders x (warm-up + repeats) steps per model).
+DEFAULT_BATCH = {"bert": 2, "transformer": 4, "dien": 128, "crnn": 8, "asr": 2}
+INFERENCE_MODELS = ("bert",)
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _one_line(exc):
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    return re.sub(r"\s+", " ", text[0] if text else type(exc).__name__)[:300]
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _overrides():
+    result = {}
+    for item in FLAGS.override:
+        try:
+            key, value = item.split("=", 1)
+            model, size = key.split(".", 1)
+            import ast
+            result.setdefault(model, {})[size] = ast.literal_eval(value)
+        except ValueError as e:
+            raise app.UsageError(f"--override {item!r}: expected model.size=value ({e})")
+    return result
+
+
+def _fresh_cache_dir(root, label):
+    path = pathlib.Path(root) / label
+    path.mkdir(mode=0o700)
+    os.chmod(path, 0o700)
+    os.environ[fs_cache.ENV_CACHE_DIR] = str(path)
+    return path
+
+
+def _max_abs_diff(actual, expected):
+    worst, scale = 0.0, 0.0
+    for a, e in zip(tf.nest.flatten(actual), tf.nest.flatten(expected)):
+        a = np.asarray(a, np.float64)
+        e = np.asarray(e, np.float64)
+        if e.size:
+            worst = max(worst, float(np.max(np.abs(a - e))))
+            scale = max(scale, float(np.max(np.abs(e))))
+    return worst, scale
+
+
+def _traced(opt, args):
+    """Traces (and so rewrites) `opt` for `args` without running it; returns (report,
+    wall seconds)."""
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        opt.get_concrete_function(*args)
+    wall = time.perf_counter() - t0
+    return opt.report(), wall, [str(w.message) for w in caught
+                                if issubclass(w.category, RuntimeWarning)]
+
+
+# --------------------------------------------------------------------------- one row
+
+def _build_three(name, sizes):
+    """Three builds from one seed, checked identical: TF, XLA and fs each train their own."""
+    built = [reference_models.build(name, FLAGS.size, seed=0, **sizes) for _ in CONTENDERS]
+    first = built[0].model.weights
+    for other in built[1:]:
+        for a, b in zip(first, other.model.weights):
+            if not np.array_equal(a.numpy(), b.numpy()):
+                raise AssertionError(f"two builds of {name} differ in {a.path}")
+    return built
+
+
+def run_row(name, function, sizes, batch_size, cache_root):
+    """One table row: kernel counts, rewrite times, step times, first-step differences."""
+    row = {"model": name, "function": function, "batch": batch_size, "ms": {}, "diff": {},
+           "notes": [], "kernels": None}
+    stage = "build"
+    try:
+        if function == "train_step":
+            built = _build_three(name, sizes)
+            fns = [m.train_step for m in built]
+        else:  # inference does not change weights: one model serves all three
+            built = [reference_models.build(name, FLAGS.size, seed=0, **sizes)] * 3
+            fns = [built[0].inference] * 3
+        batch = built[0].make_batch(np.random.default_rng(1), batch_size)
+        args = list(batch.inputs) + ([batch.labels] if function == "train_step" else [])
+
+        stage = "optimize (stitch, cold)"
+        _fresh_cache_dir(cache_root, f"{name}-{function}")
+        fs_fn = fs.optimize(fns[2])
+        cold, cold_wall, warns = _traced(fs_fn, args)
+        row["notes"] += [f"fs: {w}" for w in warns]
+        stage = "optimize (stitch, warm)"
+        warm, _, _ = _traced(fs.optimize(fns[2]), args)
+        stage = "optimize (xla_like)"
+        xla_like, _, warns = _traced(fs.optimize(fns[2], fusion="xla_like"), args)
+        row["notes"] += [f"xla_like: {w}" for w in warns]
+        row.update(cold=cold.rewrite_seconds, cold_wall=cold_wall,
+                   cold_compilations=cold.compilations, warm=warm.rewrite_seconds,
+                   warm_compilations=warm.compilations, xla_like_seconds=xla_like.rewrite_seconds,
+                   kernels=(cold.kernels_before, xla_like.kernels_after, cold.kernels_after),
+                   fused=len(cold.fused_clusters), fallbacks=len(cold.fallbacks))
+        if xla_like.kernels_before != cold.kernels_before:
+            row["notes"].append(f"TF kernel counts differ between the two rewrites: "
+                                f"{cold.kernels_before} (stitch), {xla_like.kernels_before} "
+                                f"(xla_like)")
+        if warm.kernels_after != cold.kernels_after:
+            row["notes"].append(f"the warm rewrite's plan has {warm.kernels_after} kernels, "
+                                f"the cold one {cold.kernels_after}")
+        print(f"    kernels TF {cold.kernels_before} -> xla_like {xla_like.kernels_after} -> "
+              f"fs {cold.kernels_after}; rewrite cold {cold.rewrite_seconds:.2f} s "
+              f"({cold.compilations} compilations, {cold_wall:.2f} s with tracing), warm "
+              f"{warm.rewrite_seconds:.2f} s ({warm.compilations}), xla_like "
+              f"{xla_like.rewrite_seconds:.2f} s", flush=True)
+
+        stage = "first call"
+        py = fns[1].python_function
+        xla_fn = tf.function(py, input_signature=fns[1].input_signature, jit_compile=True)
+        calls = {"TF": fns[0], "XLA": xla_fn, "fs": fs_fn}
+        first = {}
+        for label, f in calls.items():
+            t0 = time.perf_counter()
+            try:
+                first[label] = f(*args)
+            except Exception as e:
+                row["notes"].append(f"{label} failed on the first call: {_one_line(e)}")
+                continue
+            row[f"first_{label}"] = time.perf_counter() - t0
+        if "TF" not in first:
+            return row
+        for label in ("XLA", "fs"):
+            if label in first:
+                diff, scale = _max_abs_diff(first[label], first["TF"])
+                row["diff"][label] = diff
+                if not diff <= FLAGS.rtol * max(1.0, scale):
+                    row["notes"].append(f"{label} differs from TF on the first call by "
+                                        f"{diff:.2e} (|TF| up to {scale:.3g}, tolerance "
+                                        f"{FLAGS.rtol:g} relative)")
+        print("    first call: " + ", ".join(f"{k} {row[f'first_{k}']:.2f} s" for k in first)
+              + "; diff vs TF: " + ", ".join(f"{k} {v:.2e}" for k, v in row["diff"].items()),
+              flush=True)
+
+        stage = "timing"
+        live = [k for k in CONTENDERS if k in first]
+        times = {k: [] for k in live}
+        for r in range(FLAGS.warmup + FLAGS.repeats):
+            order = live[r % len(live):] + live[:r % len(live)]  # rotate, against drift
+            for label in order:
+                t0 = time.perf_counter()
+                calls[label](*args)
+                if r >= FLAGS.warmup:
+                    times[label].append(time.perf_counter() - t0)
+        row["ms"] = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+        row["spread"] = {k: 1e3 * (max(v) - min(v)) for k, v in times.items()}
+        print("    median ms: " + ", ".join(f"{k} {v:.1f}" for k, v in row["ms"].items()),
+              flush=True)
+    except Exception as e:
+        row["notes"].append(f"failed at {stage}: {_one_line(e)}")
+        traceback.print_exc()
+    return row
+
+
+# --------------------------------------------------------------------------- reporting
+
+def _kernel_text(row):
+    k = row["kernels"]
+    return f"{k[0]} / {k[1]} / {k[2]}" if k else "n/a"
+
+
+def _ratio(row):
+    k = row["kernels"]
+    return f"{100.0 * k[2] / k[1]:.0f}%" if k and k[1] else "n/a"
+
+
+def _fmt(row, key, fmt):
+    return format(row[key], fmt) if key in row else "n/a"
+
+
+def _ms(row, label):
+    return f"{row['ms'][label]:.4g}" if label in row["ms"] else "n/a"
+
+
+def _speedup(row, base):
+    ms = row["ms"]
+    return f"{ms[base] / ms['fs']:.2f}x" if "fs" in ms and base in ms else "n/a"
+
+
+def _diff_text(row):
+    return ", ".join(f"{k} {row['diff'][k]:.1e}" for k in ("XLA", "fs") if k in row["diff"]) \
+        or "n/a"
+
+
+def _cells(row):
+    return [row["model"], row["function"], str(row["batch"]), _kernel_text(row), _ratio(row),
+            _fmt(row, "cold", ".2f"), _fmt(row, "warm", ".2f"), _ms(row, "TF"),
+            _ms(row, "XLA"), _ms(row, "fs"), _speedup(row, "TF"), _speedup(row, "XLA"),
+            _diff_text(row)]
+
+
+HEADER = ["model", "function", "batch", "kernels TF / xla_like / fs", "fs/xla_like",
+          "cold s", "warm s", "TF ms", "XLA ms", "fs ms", "fs vs TF", "fs vs XLA",
+          "first-step diff vs TF"]
+
+
+def print_table(rows):
+    widths = [max(len(h), *(len(_cells(r)[i]) for r in rows)) for i, h in enumerate(HEADER)]
+    print("  ".join(h.ljust(w) for h, w in zip(HEADER, widths)))
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(_cells(r), widths)))
+    for r in rows:
+        for note in r["notes"]:
+            print(f"  {r['model']} {r['function']}: {note}")
+
+
+def machine_line(load):
+    return (f"{_cpu_model()}, {os.cpu_count()} cores; TF {tf.__version__}, numpy "
+            f"{np.__version__}, Python {platform.python_version()}; load average {load:.2f} "
+            f"before the run")
+
+
+def markdown(rows, load, seconds, sizes_text):
+    lines = [
+        BEGIN,
+        "## Reference models (`benchmarks/models.py`)",
+        "",
+        f"{datetime.date.today().isoformat()}; {machine_line(load)}; the run took "
+        f"{seconds / 60:.1f} min.",
+        f"`python benchmarks/models.py {' '.join(sys.argv[1:])}`".rstrip() + ". "
+        f"Sizes: {FLAGS.size}{sizes_text}. "
+        "Kernels: memory-intensive kernels of the graph TF runs after Grappler / of the "
+        "xla_like plan / of the FusionStitch plan. Cold / warm: the FusionStitch rewrite "
+        "(Grappler, exploration, code generation, compilation) with an empty kernel cache / "
+        "again with every kernel cached. Step times: median of "
+        f"{FLAGS.repeats} interleaved calls after {FLAGS.warmup} warm-up rounds, in ms; XLA "
+        "is `tf.function(jit_compile=True)` of the same Python function; each contender "
+        "trains its own copy of the model from identical initial weights. Diff: |loss - TF "
+        "loss| of the first step (max abs output difference for inference)."
+        + (" **Load was >= 1 before the run: other work may have inflated the times.**"
+           if load >= 1.0 else ""),
+        "",
+        "| " + " | ".join(HEADER) + " |",
+        "|" + "---|" * len(HEADER),
+    ]
+    for r in rows:
+        lines.append("| " + " | ".join(_cells(r)) + " |")
+    notes = [f"- {r['model']} {r['function']}: {n.replace('|', '/')}" for r in rows
+             for n in r["notes"]]
+    details = []
+    for r in rows:
+        if "cold" in r:
+            first = ", ".join(f"{k} {r[f'first_{k}']:.1f} s" for k in CONTENDERS
+                              if f"first_{k}" in r)
+            details.append(
+                f"- {r['model']} {r['function']}: cold rewrite {r['cold']:.2f} s "
+                f"({r['cold_compilations']} kernels compiled; {r['cold_wall']:.2f} s with TF's "
+                f"tracing), warm {r['warm']:.2f} s ({r['warm_compilations']} compiled), "
+                f"xla_like rewrite {r['xla_like_seconds']:.2f} s; {r['fused']} FusionStitch "
+                f"kernels, {r['fallbacks']} fallbacks; first call (incl. XLA's compilation) "
+                f"{first}.")
+    lines += ["", "Details:", ""] + details
+    lines += ["", "Notes:", ""] + (notes or ["- none: every contender ran on every row "
+                                             "and agreed with TF."])
+    lines.append(END)
+    return "\n".join(lines) + "\n"
+
+
+def main(argv):
+    del argv
+    unknown = set(FLAGS.models) - set(ALL_MODELS)
+    if unknown:
+        raise app.UsageError(f"unknown --models {sorted(unknown)}; choose from {ALL_MODELS}")
+    overrides = _overrides()
+    load = os.getloadavg()[0]  # other work running now skews every time below
+    start = time.perf_counter()
+    print(f"{machine_line(load)}", flush=True)
+
+    # The op library is part of the installation, not of a rewrite: build or find it in
+    # the usual cache before the kernels move to fresh directories.
+    from tf_fusionstitch.custom_ops import loader
+    loader.load()
+
+    rows = []
+    sizes_text = []
+    with tempfile.TemporaryDirectory(prefix="fs-models-bench-") as cache_root:
+        os.chmod(cache_root, 0o700)
+        for name in FLAGS.models:
+            sizes = overrides.get(name, {})
+            batch = FLAGS.batch or (DEFAULT_BATCH[name] if FLAGS.size == "real" else 4)
+            if sizes:
+                sizes_text.append(f"{name} " + ", ".join(f"{k}={v}" for k, v in sizes.items()))
+            functions = ["train_step"]
+            if FLAGS.inference and name in INFERENCE_MODELS:
+                functions.append("inference")
+            for function in functions:
+                print(f"... {name} {function} (batch {batch})", flush=True)
+                rows.append(run_row(name, function, sizes, batch, cache_root))
+    seconds = time.perf_counter() - start
+    print()
+    print_table(rows)
+    print(f"\nmodels: {len(rows)} rows in {seconds:.1f} s")
+    if FLAGS.out:
+        text = markdown(rows, load, seconds,
+                        (" with overrides " + "; ".join(sizes_text)) if sizes_text else "")
+        results_md.write_section(FLAGS.out, BEGIN, END, text)
+        print(f"wrote {FLAGS.out}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,49 @@
+"""benchmarks/models.py, the reference-model benchmark, run end to end at tiny sizes.
+
+BERT's training step and inference with two timed rounds: the script must exit 0, write
+its section of the --out file with both rows, and the kernel counts must be ordered
+FusionStitch <= xla_like <= TF (the paper's Table 2 column). No timing is asserted.
+"""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+from tf_fusionstitch.runtime import cpu_compiler
+import pytest
+
+SCRIPT = pathlib.Path(__file__).parents[1] / "benchmarks" / "models.py"
+
+try:  # kernels are compiled C++
+    cpu_compiler.compiler_command()
+except cpu_compiler.CompilerNotFound as exc:
+    pytest.skip(f"no C++ compiler: {exc}", allow_module_level=True)
+
+
+def test_tiny_bert_rows_have_ordered_kernel_counts(tmp_path):
+    out = tmp_path / "RESULTS.md"
+    out.write_text("# Benchmark results\n\nkept\n")
+    res = subprocess.run([sys.executable, str(SCRIPT), "--size=tiny", "--models=bert",
+                          "--batch=2", "--repeats=2", "--warmup=0", f"--out={out}"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    text = out.read_text()
+    assert text.startswith("# Benchmark results\n\nkept\n"), text  # other sections kept
+    section = text[text.index("<!-- models:begin -->"):text.index("<!-- models:end -->")]
+    assert "load average" in section and "cores" in section and "TF 2." in section
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) > 3 and cells[0] == "bert":
+            rows[cells[1]] = cells
+    assert set(rows) == {"train_step", "inference"}, section
+    for function, cells in rows.items():
+        counts = re.fullmatch(r"(\d+) / (\d+) / (\d+)", cells[3])
+        assert counts, (function, cells)
+        tf_count, xla_like, stitch = map(int, counts.groups())
+        assert 0 < stitch <= xla_like <= tf_count, (function, cells)
+        assert cells[4] == f"{100.0 * stitch / xla_like:.0f}%", cells
+        for ms in cells[7:10]:  # TF, XLA and fs each ran
+            assert float(ms) > 0, (function, cells)
+    assert "failed" not in section and "differs from TF" not in section, section
