@@ -33,6 +33,7 @@ import pathlib
 import platform
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -302,19 +303,36 @@ def print_table(rows):
             print(f"  {r['model']} {r['function']}: {note}")
 
 
+def _source_state():
+    """The commit measured, and whether tracked files had uncommitted changes."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=_HERE.parent, capture_output=True,
+                              text=True, timeout=30).stdout.strip()
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        dirty = [l[3:] for l in git("status", "--porcelain", "--untracked-files=no")
+                 .splitlines() if l.strip()]
+    except (OSError, subprocess.SubprocessError):
+        return "commit unknown"
+    if not commit:
+        return "commit unknown"
+    return f"commit {commit}" + (f" with uncommitted changes to {', '.join(dirty)}"
+                                 if dirty else "")
+
+
 def machine_line(load):
     return (f"{_cpu_model()}, {os.cpu_count()} cores; TF {tf.__version__}, numpy "
             f"{np.__version__}, Python {platform.python_version()}; load average {load:.2f} "
             f"before the run")
 
 
-def markdown(rows, load, seconds, sizes_text):
+def markdown(rows, load, seconds, sizes_text, source):
     lines = [
         BEGIN,
         "## Reference models (`benchmarks/models.py`)",
         "",
         f"{datetime.date.today().isoformat()}; {machine_line(load)}; the run took "
-        f"{seconds / 60:.1f} min.",
+        f"{seconds / 60:.1f} min; {source} at the start.",
         f"`python benchmarks/models.py {' '.join(sys.argv[1:])}`".rstrip() + ". "
         f"Sizes: {FLAGS.size}{sizes_text}. "
         "Kernels: memory-intensive kernels of the graph TF runs after Grappler / of the "
@@ -362,7 +380,8 @@ def main(argv):
     overrides = _overrides()
     load = os.getloadavg()[0]  # other work running now skews every time below
     start = time.perf_counter()
-    print(f"{machine_line(load)}", flush=True)
+    source = _source_state()
+    print(f"{machine_line(load)}; {source}", flush=True)
 
     # The op library is part of the installation, not of a rewrite: build or find it in
     # the usual cache before the kernels move to fresh directories.
@@ -390,7 +409,8 @@ def main(argv):
     print(f"\nmodels: {len(rows)} rows in {seconds:.1f} s")
     if FLAGS.out:
         text = markdown(rows, load, seconds,
-                        (" with overrides " + "; ".join(sizes_text)) if sizes_text else "")
+                        (" with overrides " + "; ".join(sizes_text)) if sizes_text else "",
+                        source)
         results_md.write_section(FLAGS.out, BEGIN, END, text)
         print(f"wrote {FLAGS.out}")
 
