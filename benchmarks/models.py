@@ -27,6 +27,7 @@ For each model of benchmarks/models/ (its training step, and BERT's inference to
 A failure in one model or contender is recorded in the table's notes; the others still run.
 """
 
+import ast
 import datetime
 import os
 import pathlib
@@ -110,10 +111,11 @@ def _overrides():
         try:
             key, value = item.split("=", 1)
             model, size = key.split(".", 1)
-            import ast
             result.setdefault(model, {})[size] = ast.literal_eval(value)
-        except ValueError as e:
+        except (ValueError, SyntaxError) as e:
             raise app.UsageError(f"--override {item!r}: expected model.size=value ({e})")
+        if model not in ALL_MODELS:
+            raise app.UsageError(f"--override {item!r}: unknown model {model!r}")
     return result
 
 
