@@ -14,7 +14,7 @@ Stateful ops are never fusible, so their order is never changed.
 
 from __future__ import annotations
 
-from typing import Dict, List, Set
+from typing import Dict, List, Optional, Set
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.rewriters import op_table
@@ -52,14 +52,30 @@ def fusible_nodes(view: GraphView, fetches: Set[Tensor]) -> Dict[str, str]:
 
 
 def creates_cycle(view: GraphView, nodes: Set[str], owner: Dict[str, str],
-                   members: Dict[str, List[str]]) -> bool:
+                   members: Dict[str, List[str]],
+                   position: Optional[Dict[str, int]] = None) -> bool:
     """Whether a path leaves `nodes` and comes back into them in the graph
     where every other cluster already formed is one node: two clusters that
-    are each fine can still feed each other (A -> B and B -> A)."""
+    are each fine can still feed each other (A -> B and B -> A).
+
+    With `position` (view.position) the walk skips nodes that cannot lead
+    back: past the last of `nodes` in topological order and past every
+    cluster that spans that point, paths only move forward."""
+    bound = None
+    if position is not None:
+        bound = max(position[m] for m in nodes)
+        spans = sorted((min(position[m] for m in ms), max(position[m] for m in ms))
+                       for ms in members.values() if ms)
+        for lo, hi in spans:
+            if lo > bound:
+                break
+            bound = max(bound, hi)
     stack = [c for m in nodes for c in view.consumers[m] if c not in nodes]
     seen = set()
     while stack:
         n = stack.pop()
+        if bound is not None and position[n] > bound:
+            continue
         unit = owner.get(n, n)
         if unit in seen:
             continue
