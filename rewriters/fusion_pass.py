@@ -1,11 +1,12 @@
 """The fusion pass: GraphDef in, GraphDef with FusionStitch nodes out.
 
-Find fusible nodes (op table), form clusters by one of two strategies, build
+Find fusible nodes (op table), form clusters by one of three strategies, build
 one kernel per cluster, and substitute. "stitch" (clustering.py) lets a
 reduction share a kernel with the ops that read it; "xla_like" (xla_like.py)
-follows XLA's rules, for comparison. Any cluster whose kernel cannot be
-generated, compiled or registered stays as TensorFlow ops; the reason goes to
-the report.
+follows XLA's rules, for comparison; "explore" (explore.py) searches fusion
+plans with FusionStitching's delta evaluator and packs independent kernels.
+Any cluster whose kernel cannot be generated, compiled or registered stays as
+TensorFlow ops; the reason goes to the report.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ from typing import Callable, Dict, List, Set
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.report import ClusterReport
-from tf_fusionstitch.rewriters import clustering, op_table, xla_like
+from tf_fusionstitch.rewriters import clustering, explore, op_table, xla_like
 from tf_fusionstitch.rewriters.clustering import fusible_nodes
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.kernel_count import memory_intensive_kernels
 from tf_fusionstitch.rewriters.lowering import LoweredCluster, lower_nodes
 from tf_fusionstitch.rewriters.substitute import Replacement, substitute
 
-FUSION_STRATEGIES = ("stitch", "xla_like")
+FUSION_STRATEGIES = ("stitch", "xla_like", "explore")
 
 
 @dataclasses.dataclass
@@ -37,6 +38,7 @@ class PassResult:
     kernels_after: int
     compile_seconds: float
     unfused_ops: list
+    exploration: str = ""          # fusion="explore": what the search did
 
 
 def _prims(c: ir.Cluster) -> int:
@@ -45,22 +47,29 @@ def _prims(c: ir.Cluster) -> int:
 
 def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
                     build: Callable[[ir.Cluster], object],
-                    min_cluster_ops: int = 2, fusion: str = "stitch") -> PassResult:
+                    min_cluster_ops: int = 2, fusion: str = "stitch",
+                    explore_k: int = 3, explore_beam: int = 3) -> PassResult:
     """`build(cluster)` returns an object with .key/.spec/.num_loops/.buffered
     (kernels.CompiledKernel) after making it runnable, or raises. `fusion` is
-    one of FUSION_STRATEGIES."""
+    one of FUSION_STRATEGIES; explore_k and explore_beam are fusion="explore"'s
+    candidate patterns per vertex and beam width."""
     if fusion not in FUSION_STRATEGIES:
         raise ValueError(f"fusion={fusion!r}: expected one of {', '.join(FUSION_STRATEGIES)}")
     before = memory_intensive_kernels(graph_def)  # of the graph as given, before any expansion
     if fusion == "xla_like":
         graph_def, types = xla_like.expand_softmax(graph_def, types)
     view = GraphView(graph_def, types)
+    exploration = ""
     verdict = fusible_nodes(view, fetches)
     candidates = {n for n, why in verdict.items() if not why}
     if fusion == "xla_like":
         verdict.update(xla_like.unfusible_alone(view, candidates, fetches))
         candidates = {n for n, why in verdict.items() if not why}
         groups = xla_like.form_clusters(view, candidates, fetches)
+    elif fusion == "explore":
+        groups, stats = explore.form_clusters(view, candidates, fetches,
+                                              k=explore_k, beam=explore_beam)
+        exploration = str(stats)
     else:
         groups = clustering.form_clusters(view, candidates, fetches)
     lowered: List[LoweredCluster] = []
@@ -101,4 +110,5 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
     unfused = [(n, view.nodes[n].op, why or "no profitable cluster")
                for n, why in verdict.items()
                if n not in fused and op_table.is_memory_intensive(view.nodes[n].op)]
-    return PassResult(new_gd, tensor_map, reports, before, after, compile_seconds, unfused)
+    return PassResult(new_gd, tensor_map, reports, before, after, compile_seconds, unfused,
+                      exploration)

@@ -34,9 +34,14 @@ _OPTIONS = {
     "min_cluster_ops": (int, 2, "smallest number of primitive ops worth a fused kernel"),
     "grappler": (bool, True, "run TF's constant folding / arithmetic / dependency passes first"),
     "compile_timeout": ((int, float), 120, "seconds one kernel compilation may take"),
-    "fusion": (str, "stitch", "the fusion strategy: 'stitch' (FusionStitching) or "
-               "'xla_like' (XLA's fusion rules, to compare plans)"),
+    "fusion": (str, "stitch", "the fusion strategy: 'stitch' (FusionStitching's greedy "
+               "stitching), 'xla_like' (XLA's fusion rules, to compare plans) or 'explore' "
+               "(FusionStitching's plan exploration with remote fusion)"),
+    "explore_k": (int, 3, "fusion='explore': candidate patterns kept per op (1 to 8)"),
+    "explore_beam": (int, 3, "fusion='explore': beam width of the plan search (1 to 16)"),
 }
+# Options that only mean something under one fusion strategy, and their ranges.
+_EXPLORE_RANGES = {"explore_k": (1, 8), "explore_beam": (1, 16)}
 # Options whose value must be one of a few.
 _CHOICES = {"fusion": FUSION_STRATEGIES}
 
@@ -177,7 +182,8 @@ class OptimizedFunction:
             src, port, _ = parse_input(name)
             fetches.add((src, port))
         result = run_fusion_pass(graph_def, types, fetches, self._build,
-                                 self._options["min_cluster_ops"], self._options["fusion"])
+                                 self._options["min_cluster_ops"], self._options["fusion"],
+                                 self._options["explore_k"], self._options["explore_beam"])
         output_names = []
         for name in outputs:
             src, port, _ = parse_input(name)
@@ -185,7 +191,7 @@ class OptimizedFunction:
             output_names.append(mapped if ":" in mapped else mapped + ":0")
         report = Report(
             function=self._name, signature=_signature_text(concrete),
-            fusion=self._options["fusion"],
+            fusion=self._options["fusion"], exploration=result.exploration,
             clusters=result.clusters, kernels_before=result.kernels_before,
             kernels_after=result.kernels_after, compile_seconds=result.compile_seconds,
             compilations=cpu_compiler.compilations - compilations,
@@ -221,7 +227,10 @@ def optimize(fn, **options) -> OptimizedFunction:
     `fn` is a `tf.function` (with or without an input signature) or a
     ConcreteFunction. Options: min_cluster_ops (int, default 2), grappler
     (bool, default True), compile_timeout (seconds, default 120), fusion
-    ("stitch", the default, or "xla_like": XLA's fusion rules, to compare).
+    ("stitch", the default; "xla_like": XLA's fusion rules, to compare;
+    "explore": plan exploration, rewriters/explore.py), explore_k (candidate
+    patterns per op, default 3) and explore_beam (beam width, default 3),
+    both for fusion="explore" only.
     """
     if not isinstance(fn, (tf.types.experimental.GenericFunction,
                            tf.types.experimental.ConcreteFunction)):
@@ -249,4 +258,12 @@ def optimize(fn, **options) -> OptimizedFunction:
         resolved.setdefault(key, default)
     if resolved["min_cluster_ops"] < 1:
         raise ValueError("optimize() option min_cluster_ops must be at least 1")
+    for key, (lo, hi) in _EXPLORE_RANGES.items():
+        if key in options and resolved["fusion"] != "explore":
+            raise ValueError(f"optimize() option {key} applies only to fusion='explore' "
+                             f"(got fusion={resolved['fusion']!r}); pass fusion='explore' "
+                             f"or drop {key}")
+        if not lo <= resolved[key] <= hi:
+            raise ValueError(f"optimize() option {key}={resolved[key]} is out of range: "
+                             f"expected {lo} to {hi}")
     return OptimizedFunction(fn, resolved)

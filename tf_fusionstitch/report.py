@@ -31,6 +31,7 @@ class Report:
     rewrite_seconds: float
     unfused_ops: List[Tuple[str, str, str]] = dataclasses.field(default_factory=list)
     fusion: str = "stitch"             # the strategy that made this plan
+    exploration: str = ""              # fusion="explore": options and what the search did
 
     @property
     def fused_clusters(self) -> List[ClusterReport]:
@@ -45,6 +46,7 @@ class Report:
                  f"  memory-intensive kernels: TF {self.kernels_before} -> this plan "
                  f"{self.kernels_after} (fusion={self.fusion}, "
                  f"{len(self.fused_clusters)} FusionStitch)",
+                 *([f"  {self.exploration}"] if self.exploration else []),
                  f"  rewrite {self.rewrite_seconds:.2f} s, of which compile "
                  f"{self.compile_seconds:.2f} s ({self.compilations} compilations)"]
         for c in self.clusters:

@@ -1,0 +1,352 @@
+"""fusion="explore": FusionStitching's fusion-plan exploration (PAPERS.md,
+section 1, "Two cost models" and "Exploring fusion plans").
+
+Three steps over the fusible nodes (clustering.fusible_nodes):
+
+1. PatternReduction, an approximate dynamic program. Vertices are visited in
+   post-order (every consumer before its producers). A vertex v keeps its top-k
+   candidate patterns: v alone, or v joined with one candidate pattern of each
+   of some of its consumers. Consumers are combined in groups of two (each
+   side: nothing, or one of its k patterns: (k+1)^2 - 1 unions), the top k of
+   a group go on as one "consumer" to the next round of pairing, until one
+   list is left (wide fan-out costs O(consumers * k^2) checks, not k^consumers).
+   A pattern is legal when it creates no cycle (clustering.creates_cycle) and
+   lowers to a cluster that schedule.build_schedule accepts; the verdict and
+   the pattern's score are cached per frozenset of nodes.
+2. Beam search (width `beam`) over plans, from producers to consumers: at each
+   vertex not yet covered, every state either leaves it alone or appends one
+   of its candidate patterns that overlaps no pattern of the state and makes
+   no cycle with them (patterns each acyclic can still feed each other).
+   States are ranked by the sum of their patterns' scores.
+3. Remote fusion (kernel packing): kernels of the best plan that are not
+   connected are merged into one packed kernel when the result is legal,
+   makes no cycle, and the delta evaluator says the launch saved outweighs the
+   penalty. The paper gets the same effect by re-running PatternReduction from
+   a virtual producer of every vertex; here it is a greedy pass over kernels
+   whose iteration spaces have the same static extents (build_schedule can
+   only place two unconnected parts in one iteration space when it can
+   identify their axes by static extent).
+
+Delta evaluator f(P) = T_saved_memory + T_saved_launches - T_penalty, in
+seconds, with the constants of COSTS:
+- saved memory: DRAM bytes the separate TF ops would move (each memory-
+  intensive op reads its inputs and writes its outputs) minus what the fused
+  kernel moves (its inputs and outputs), at COSTS bandwidth. Extents unknown at
+  trace time count as COSTS["dynamic_extent"];
+- saved launches: (memory-intensive ops in P - 1) x the per-launch cost;
+- penalty (the paper's "simplified latency evaluator"): per-row buffered
+  values beyond what stays in cache spill to DRAM and back; each column loop
+  after the first re-reads the row's inputs from cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Dict, FrozenSet, List, Optional, Set, Tuple
+
+from tf_fusionstitch.rewriters import op_table
+from tf_fusionstitch.rewriters.clustering import LOWERING_ERRORS, creates_cycle
+from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
+from tf_fusionstitch.rewriters.lowering import lower_nodes
+from tf_fusionstitch.schedule import build_schedule
+
+# The delta evaluator's constants, in one place.
+COSTS = {
+    # Bandwidth the memory term is priced at, bytes/s. Measured on this
+    # project's 2-core CPU machine: a fused x * 2 + 1 over 4M float32 (16 MB
+    # read + 16 MB written) through FusionStitch took 1.16 ms, 29 GB/s.
+    "bandwidth": 29e9,
+    # Cost of one memory-intensive kernel launch, seconds. Measured the same
+    # way on 1-element tensors inside a tf.function (shared, noisy machine):
+    # one more TF Tanh op cost 0.8-2.6 us, one more FusionStitch kernel with a
+    # MatMul between (so it cannot fuse) 3.1-4.5 us; 2 us is the middle of the
+    # per-kernel range. (The paper's GPU launches cost a few us as well.)
+    "launch": 2e-6,
+    # Cache re-reads (a loop after the first reads the row's inputs again) are
+    # priced at bandwidth x this factor: L2 vs DRAM bandwidth, ~4x on x86
+    # servers and on V100/H200. Assumption, not measured.
+    "cache_speedup": 4.0,
+    # Per-row bytes that stay in cache between a row's loops: half of a 1 MiB
+    # per-core L2 (the GPU analogue: the paper's shared-memory budget per block,
+    # 48 KiB, times blocks resident per SM). Assumption.
+    "row_cache_bytes": 512 * 1024,
+    # Buffered (per-row) values that stay live at once before they compete for
+    # cache/registers; each beyond this spills its row once. The paper fixes 16
+    # registers in its penalty; a buffered value is a row, not a register, so
+    # this is the analogous small budget. Assumption.
+    "max_live_buffers": 4,
+    # Extent assumed for a dimension unknown at trace time (the batch): only
+    # scales all terms alike, so the ranking of patterns hardly depends on it.
+    "dynamic_extent": 32,
+}
+
+_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
+                "int32": 4, "int64": 8, "bool": 1}
+
+
+@dataclasses.dataclass
+class ExploreStats:
+    """What the exploration did, for the report."""
+    k: int
+    beam: int
+    vertices: int = 0
+    patterns_checked: int = 0       # distinct node sets checked for legality
+    legal_patterns: int = 0
+    packed: int = 0                 # kernels removed by remote fusion
+    plan_score: float = 0.0         # delta evaluator, seconds saved per call
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        return (f"explore k={self.k} beam={self.beam}: {self.vertices} vertices, "
+                f"{self.patterns_checked} patterns checked ({self.legal_patterns} legal), "
+                f"{self.packed} kernel(s) packed by remote fusion, plan saves "
+                f"{self.plan_score * 1e6:.1f} us/call by the delta evaluator, "
+                f"{self.seconds:.2f} s")
+
+
+Pattern = FrozenSet[str]
+
+
+class _Explorer:
+    def __init__(self, view: GraphView, candidates: Set[str], fetches: Set[Tensor],
+                 k: int, beam: int):
+        self.view, self.candidates, self.fetches = view, candidates, fetches
+        self.k, self.beam = k, beam
+        self.stats = ExploreStats(k, beam)
+        self._cache: Dict[Pattern, Optional[float]] = {}
+        self._space: Dict[Pattern, Optional[tuple]] = {}  # see _space_key
+        self._launches = {n: int(op_table.is_memory_intensive(view.nodes[n].op))
+                          for n in candidates}
+
+    # -- delta evaluator -------------------------------------------------------
+
+    def _bytes(self, t: Tensor) -> int:
+        tt = self.view.type_of(t)
+        if tt is None:
+            return 0
+        n = 1
+        for d in tt.shape:
+            n *= COSTS["dynamic_extent"] if d is None else d
+        return n * _DTYPE_BYTES.get(tt.dtype, 4)
+
+    def _node_traffic(self, name: str) -> int:
+        """Bytes one TF op moves alone: its inputs and outputs (0 for ops
+        that launch nothing: shape-only ops alias their input)."""
+        if not self._launches.get(name):
+            return 0
+        view = self.view
+        total = sum(self._bytes(t) for t in view.data_inputs[name])
+        return total + sum(self._bytes((name, p)) for p in range(view.num_outputs[name]))
+
+    def _score(self, nodes: Pattern, lowered, schedule) -> float:
+        bw = COSTS["bandwidth"]
+        unfused = sum(self._node_traffic(n) for n in nodes)
+        fused = sum(self._bytes(t) for t in lowered.input_tensors) + \
+            sum(self._bytes(t) for t in lowered.output_tensors)
+        launches = sum(self._launches.get(n, 0) for n in nodes)
+        saved = (unfused - fused) / bw + max(launches - 1, 0) * COSTS["launch"]
+        return saved - self._penalty(lowered, schedule)
+
+    def _penalty(self, lowered, schedule) -> float:
+        types = lowered.cluster.types()
+        ext = [COSTS["dynamic_extent"] if e is None else e for e in schedule.static_extent]
+        col = math.prod(ext[a] for a in schedule.col_axes) if schedule.col_axes else 1
+        rows = math.prod(ext[a] for a in range(schedule.num_axes)
+                         if a not in schedule.col_axes)
+        bw = COSTS["bandwidth"]
+        row_buffers = [col * _DTYPE_BYTES.get(types[v].dtype, 4) for v in schedule.buffered]
+        spill = 0
+        if sum(row_buffers) > COSTS["row_cache_bytes"]:
+            spill += sum(row_buffers) - COSTS["row_cache_bytes"]
+        extra = len(row_buffers) - COSTS["max_live_buffers"]
+        if extra > 0:
+            spill += sum(sorted(row_buffers)[:extra])
+        penalty = 2 * spill * rows / bw  # written out and read back
+        if schedule.num_loops > 1 and not schedule.tiled:
+            row_inputs = sum(col * _DTYPE_BYTES.get(t.dtype, 4)
+                             for name, t in lowered.cluster.inputs
+                             if schedule.axes_of(name) & schedule.col_axes)
+            penalty += (schedule.num_loops - 1) * row_inputs * rows / (
+                bw * COSTS["cache_speedup"])
+        return penalty
+
+    # -- legality --------------------------------------------------------------
+
+    def evaluate(self, nodes: Pattern) -> Optional[float]:
+        """f(nodes), or None when the nodes cannot form one kernel by
+        themselves (a cycle through the rest of the graph, or lowering or
+        the schedule refuses them). Cached per node set."""
+        if nodes not in self._cache:
+            self.stats.patterns_checked += 1
+            verdict = None
+            if len(nodes) == 1 or not creates_cycle(self.view, set(nodes), {}, {},
+                                                      self.view.position):
+                try:
+                    lowered = lower_nodes(self.view, sorted(nodes, key=self.view.position.get),
+                                          self.fetches)
+                    schedule = build_schedule(lowered.cluster)
+                    verdict = self._score(nodes, lowered, schedule)
+                    self._space[nodes] = None if None in schedule.static_extent else (
+                        schedule.tiled, tuple(sorted(schedule.static_extent)))
+                    self.stats.legal_patterns += 1
+                except LOWERING_ERRORS:
+                    verdict = None
+            self._cache[nodes] = verdict
+        return self._cache[nodes]
+
+    # -- 1. PatternReduction ----------------------------------------------------
+
+    def _top(self, options: List[Tuple[float, Pattern]]) -> List[Tuple[float, Pattern]]:
+        seen, best = set(), []
+        for s, p in sorted(options, key=lambda o: (-o[0], len(o[1]), sorted(o[1]))):
+            if p not in seen:
+                seen.add(p)
+                best.append((s, p))
+            if len(best) == self.k:
+                break
+        return best
+
+    def _combine(self, seed: Pattern, a: List[Tuple[float, Pattern]],
+                 b: List[Tuple[float, Pattern]]) -> List[Tuple[float, Pattern]]:
+        """Top k of seed joined with nothing or one pattern of each side."""
+        options = []
+        for _, pa in [(0.0, frozenset())] + a:
+            for _, pb in [(0.0, frozenset())] + b:
+                p = seed | pa | pb
+                s = self.evaluate(p)
+                if s is not None:
+                    options.append((s, p))
+        return self._top(options)
+
+    def candidate_patterns(self) -> Dict[str, List[Tuple[float, Pattern]]]:
+        view = self.view
+        order = [n for n in view.order if n in self.candidates]
+        self.stats.vertices = len(order)
+        cands: Dict[str, List[Tuple[float, Pattern]]] = {}
+        for v in reversed(order):  # post-order: consumers first
+            seed = frozenset([v])
+            consumers = {c for port in range(view.num_outputs[v])
+                         for c in view.data_consumers.get((v, port), ())
+                         if c in self.candidates}
+            groups = [cands[c] for c in sorted(consumers, key=view.position.get)]
+            if not groups:
+                cands[v] = [(0.0, seed)]
+                continue
+            if len(groups) == 1:
+                groups = [self._combine(seed, groups[0], [])]
+            while len(groups) > 1:  # pairs of consumers, then pairs of pairs
+                groups = [self._combine(seed, groups[i], groups[i + 1] if i + 1 < len(groups)
+                                        else []) for i in range(0, len(groups), 2)]
+            best = self._top(groups[0] + [(0.0, seed)])
+            cands[v] = best
+        return cands
+
+    # -- 2. beam search ---------------------------------------------------------
+
+    def best_plan(self, cands) -> List[Pattern]:
+        view = self.view
+        # state: (score, patterns, owner, members)
+        states = [(0.0, (), {}, {})]
+        for v in (n for n in view.order if n in self.candidates):
+            options = [(s, p) for s, p in cands.get(v, []) if len(p) > 1 and s > 0]
+            if not options:
+                continue
+            grown = []
+            for score, patterns, owner, members in states:
+                grown.append((score, patterns, owner, members))
+                if v in owner:
+                    continue
+                for s, p in options:
+                    if any(n in owner for n in p):
+                        continue
+                    if creates_cycle(view, set(p), owner, members, view.position):
+                        continue
+                    unit = f"pattern{len(patterns)}"
+                    new_owner = dict(owner)
+                    new_owner.update((n, unit) for n in p)
+                    new_members = dict(members)
+                    new_members[unit] = sorted(p, key=view.position.get)
+                    grown.append((score + s, patterns + (p,), new_owner, new_members))
+            unique, seen = [], set()
+            for st in sorted(grown, key=lambda st: -st[0]):
+                key = frozenset(st[1])
+                if key not in seen:
+                    seen.add(key)
+                    unique.append(st)
+            states = unique[:self.beam]
+        best = states[0]
+        self.stats.plan_score = best[0]
+        return list(best[1])
+
+    # -- 3. remote fusion -------------------------------------------------------
+
+    def pack(self, plan: List[Pattern]) -> List[Pattern]:
+        view = self.view
+        covered = set().union(*plan) if plan else set()
+        units = list(plan) + [frozenset([n]) for n in self.candidates
+                              if n not in covered and self._launches.get(n)]
+        units.sort(key=lambda p: min(view.position[n] for n in p))
+        owner, members = {}, {}
+
+        def register(p: Pattern) -> str:
+            unit = f"unit{len(members)}"
+            while unit in members:
+                unit += "_"
+            for n in p:
+                owner[n] = unit
+            members[unit] = sorted(p, key=view.position.get)
+            return unit
+
+        # Every kernel is a unit before any merge, so the cycle check sees
+        # the whole plan (a later pattern can close a cycle too).
+        unit_of = {p: register(p) for p in units}
+        open_packs: Dict[tuple, List[str]] = {}  # iteration-space key -> pack units
+        for p in units:
+            key = self._space_key(p)
+            if key is None:
+                continue
+            for i, pack_unit in enumerate(open_packs.get(key, [])):
+                pack = frozenset(members[pack_unit])
+                merged = pack | p
+                s = self.evaluate(merged)
+                if s is None or s <= self.evaluate(pack) + self.evaluate(p):
+                    continue
+                for n in merged:  # the merged set is the one unit being checked
+                    owner.pop(n)
+                saved = members.pop(pack_unit), members.pop(unit_of[p])
+                if creates_cycle(view, set(merged), owner, members, view.position):
+                    members[pack_unit], members[unit_of[p]] = saved
+                    owner.update((n, pack_unit) for n in pack)
+                    owner.update((n, unit_of[p]) for n in p)
+                    continue
+                open_packs[key][i] = register(merged)
+                self.stats.packed += 1
+                break
+            else:
+                open_packs.setdefault(key, []).append(unit_of[p])
+        return [frozenset(m) for m in members.values()]
+
+    def _space_key(self, p: Pattern) -> Optional[tuple]:
+        """The static extents of the pattern's iteration space (and whether
+        it has no reduction), or None when it has a dimension unknown at
+        trace time or is not legal alone: only kernels with equal keys are
+        tried for packing."""
+        return self._space.get(p) if self.evaluate(p) is not None else None
+
+
+def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
+                  k: int = 3, beam: int = 3) -> Tuple[List[List[str]], ExploreStats]:
+    """The explored plan: clusters (every candidate in exactly one, in
+    topological order) and what the exploration did."""
+    start = time.perf_counter()
+    explorer = _Explorer(view, candidates, fetches, k, beam)
+    plan = explorer.best_plan(explorer.candidate_patterns())
+    kernels = explorer.pack(plan)
+    covered = set().union(*kernels) if kernels else set()
+    groups = [sorted(p, key=view.position.get) for p in kernels]
+    groups += [[n] for n in candidates if n not in covered]
+    groups.sort(key=lambda g: view.position[g[0]])
+    explorer.stats.seconds = time.perf_counter() - start
+    return groups, explorer.stats

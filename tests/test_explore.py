@@ -1,0 +1,368 @@
+"""`optimize(fn, fusion="explore")`: FusionStitching's plan exploration
+(rewriters/explore.py): top-k candidate patterns per op, a beam search over
+plans scored by the delta evaluator, remote fusion (kernel packing).
+
+Explored plans go through the same lowering, schedule and codegen as stitch's,
+so their results must equal TF's under DESIGN.md's tolerances (see
+optimize_testlib.py) on fresh seeded random inputs, and they should need no
+more kernels than the greedy plan.
+"""
+
+import pathlib
+import sys
+import warnings
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+
+import tf_fusionstitch as fs
+from optimize_testlib import EPS, assert_same, fusion_stitch_nodes, random, rng, to_numpy
+from tf_fusionstitch.rewriters.clustering import creates_cycle
+from tf_fusionstitch.rewriters.graph_view import GraphView
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from benchmarks import models  # noqa: E402  (the repository root, not an installed package)
+
+HIDDEN = 32
+# layernorm-like results: two reductions of HIDDEN terms, an rsqrt and a few
+# products; |error| <= (n + 8) eps relative to the result's scale (DESIGN.md).
+_NORM_TOL = (HIDDEN + 8) * EPS["float32"]
+
+
+def _quiet_call(fn, *args):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a fallback is a failure here
+        return fn(*args)
+
+
+def _layernorm(x, gamma, beta, eps=1e-5):
+    mean = tf.reduce_mean(x, axis=-1, keepdims=True)
+    centered = x - mean
+    var = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
+    return centered * tf.math.rsqrt(var + eps) * gamma + beta
+
+
+def _transformer_block(x, mask, wqkv, wo, bo, w1, b1, w2, b2, g1, be1, g2, be2, heads=4):
+    """Post-LN encoder block as benchmarks/models/transformer_layers.py builds
+    it (attention with additive padding mask, residual + layernorm, bias+GELU
+    feed-forward, residual + layernorm), in plain TF ops."""
+    batch, seq, hidden = x.shape
+    key_dim = hidden // heads
+    qkv = tf.reshape(tf.matmul(tf.reshape(x, [-1, hidden]), wqkv), [batch, seq, 3, heads, key_dim])
+    q, k, v = qkv[:, :, 0] * (key_dim ** -0.5), qkv[:, :, 1], qkv[:, :, 2]
+    scores = tf.einsum("bqhk,bshk->bhqs", q, k)
+    scores += (1.0 - mask[:, None, None, :]) * -10000.0
+    context = tf.einsum("bhqs,bshk->bqhk", tf.nn.softmax(scores, axis=-1), v)
+    attn = tf.matmul(tf.reshape(context, [-1, hidden]), wo) + bo
+    h = _layernorm(tf.reshape(x, [-1, hidden]) + attn, g1, be1)
+    ffn = tf.matmul(tf.nn.gelu(tf.matmul(h, w1) + b1, approximate=False), w2) + b2
+    return tf.reshape(_layernorm(h + ffn, g2, be2), [batch, seq, hidden])
+
+
+class ExplorePatternTest(tf.test.TestCase):
+    """The reference patterns and a transformer block: TF's results, and no
+    more kernels than fusion="stitch"."""
+
+    def setUp(self):
+        super().setUp()
+        gen = rng(9500 + len(self.id()))
+        self.gen = gen
+        self.x = random(gen, (4, 16, HIDDEN), "float32")
+        self.res = random(gen, (4, 16, HIDDEN), "float32")
+        self.gamma = tf.constant(1.0 + 0.1 * gen.standard_normal(HIDDEN), tf.float32)
+        self.beta = tf.constant(0.1 * gen.standard_normal(HIDDEN), tf.float32)
+        self.bias = random(gen, (HIDDEN,), "float32")
+
+    def _compare(self, fn, args, kind="chain", **tolerance):
+        expected = tf.nest.flatten(fn(*args))
+        kernels = {}
+        for fusion in ("explore", "stitch"):
+            opt = fs.optimize(fn, fusion=fusion)
+            actual = tf.nest.flatten(_quiet_call(opt, *args))
+            report = opt.report()
+            for a, e in zip(actual, expected):
+                assert_same(self, a, e, kind, msg=f"{fusion}\n{report}", **tolerance)
+            self.assertEqual(report.fusion, fusion)
+            self.assertEqual(report.kernels_after, fs.memory_intensive_kernels(opt.graph_def))
+            kernels[fusion] = report.kernels_after
+            if fusion == "explore":
+                self.assertIn("explore k=3 beam=3", str(report))
+                explore_report = report
+        self.assertLessEqual(kernels["explore"], kernels["stitch"], str(explore_report))
+        self.assertLess(kernels["explore"], explore_report.kernels_before, str(explore_report))
+        return kernels
+
+    def test_layernorm(self):
+        f = tf.function(_layernorm, input_signature=[
+            tf.TensorSpec([None, 16, HIDDEN]), tf.TensorSpec([HIDDEN]), tf.TensorSpec([HIDDEN])])
+        kernels = self._compare(f, (self.x, self.gamma, self.beta),
+                                rtol=_NORM_TOL, atol=_NORM_TOL)
+        self.assertEqual(kernels["explore"], 1)
+
+    def test_softmax(self):
+        f = tf.function(lambda x: tf.nn.softmax(x * 3.0),
+                        input_signature=[tf.TensorSpec([None, 16, HIDDEN])])
+        self.assertEqual(self._compare(f, (self.x,), rtol=1e-5, atol=1e-6)["explore"], 1)
+
+    def test_residual_add_layernorm(self):
+        f = tf.function(lambda x, r, g, b: _layernorm(x + r, g, b), input_signature=[
+            tf.TensorSpec([None, 16, HIDDEN])] * 2 + [tf.TensorSpec([HIDDEN])] * 2)
+        kernels = self._compare(f, (self.x, self.res, self.gamma, self.beta),
+                                rtol=_NORM_TOL, atol=_NORM_TOL)
+        self.assertEqual(kernels["explore"], 1)
+
+    def test_bias_gelu(self):
+        f = tf.function(lambda x, b: tf.nn.gelu(x + b, approximate=False),
+                        input_signature=[tf.TensorSpec([None, 16, HIDDEN]),
+                                         tf.TensorSpec([HIDDEN])])
+        self.assertEqual(self._compare(f, (self.x, self.bias), "transcendental")["explore"], 1)
+
+    def test_batchnorm_inference_relu(self):
+        gen = self.gen
+        scale, offset, mean = (random(gen, (8,), "float32") for _ in range(3))
+        var = random(gen, (8,), "float32", "positive")
+
+        @tf.function(input_signature=[tf.TensorSpec((None, 6, 6, 8))])
+        def f(x):
+            y, _, _ = tf.compat.v1.nn.fused_batch_norm(
+                x, scale, offset, mean=mean, variance=var, epsilon=1e-3, is_training=False)
+            return tf.nn.relu(y)
+
+        x = random(gen, (3, 6, 6, 8), "float32")
+        self.assertEqual(self._compare(f, (x,))["explore"], 1)
+
+    def test_transformer_block(self):
+        gen, h = self.gen, HIDDEN
+        weights = [random(gen, shape, "float32") * 0.2 for shape in
+                   ((h, 3 * h), (h, h), (h,), (h, 2 * h), (2 * h,), (2 * h, h), (h,))]
+        norms = [tf.constant(1.0 + 0.1 * gen.standard_normal(h), tf.float32),
+                 tf.constant(0.1 * gen.standard_normal(h), tf.float32)] * 2
+        lengths = np.array([16, 9, 3, 12])
+        mask = tf.constant(np.arange(16)[None, :] < lengths[:, None], tf.float32)
+        f = tf.function(_transformer_block)
+        # Elementwise chains through softmax and two layernorms of 32 terms:
+        # the whole-function tolerance of test_reference_models.py.
+        kernels = self._compare(f, (self.x, mask, *weights, *norms), "transcendental")
+        # mask, softmax, two residual layernorms, bias+gelu: at most a handful
+        self.assertLessEqual(kernels["explore"], 6)
+
+
+class RemoteFusionTest(tf.test.TestCase):
+
+    def test_independent_chains_pack_into_one_kernel(self):
+        """Two chains with no data between them: stitch makes two kernels,
+        explore's remote fusion packs them into one."""
+        @tf.function(input_signature=[tf.TensorSpec([8, HIDDEN]), tf.TensorSpec([8, HIDDEN])])
+        def f(a, b):
+            return tf.tanh(a * 2.0 + 1.0), tf.exp(b * 0.5) - 1.0
+
+        gen = rng(9600)
+        args = (random(gen, (8, HIDDEN), "float32"), random(gen, (8, HIDDEN), "float32"))
+        expected = f(*args)
+        counts = {}
+        for fusion in ("stitch", "explore"):
+            opt = fs.optimize(f, fusion=fusion)
+            actual = _quiet_call(opt, *args)
+            for a, e in zip(actual, expected):
+                assert_same(self, a, e, "transcendental", msg=fusion)
+            counts[fusion] = (opt.report().kernels_after, len(fusion_stitch_nodes(opt.graph_def)))
+        self.assertEqual(counts, {"stitch": (2, 2), "explore": (1, 1)})
+        self.assertIn("1 kernel(s) packed by remote fusion", str(opt.report()))
+
+    def test_packing_never_closes_a_cycle(self):
+        """c = x * 0.5 is independent of the chain on y only in appearance:
+        y = relu(c) feeds the matmul whose result feeds the chain, so packing
+        c with that chain would make a kernel that waits for itself."""
+        @tf.function(input_signature=[tf.TensorSpec([8, 8])] * 2)
+        def f(x, w):
+            c = tf.exp(x * 0.5)
+            y = tf.matmul(tf.nn.relu(c - 1.0), w)
+            return tf.tanh(y * 2.0) + 1.0, tf.sigmoid(x) * 3.0
+
+        gen = rng(9610)
+        args = (random(gen, (8, 8), "float32"), random(gen, (8, 8), "float32"))
+        opt = fs.optimize(f, fusion="explore")
+        for a, e in zip(_quiet_call(opt, *args), f(*args)):
+            assert_same(self, a, e, "transcendental")
+        # exp-relu chain and sigmoid-mul pack (both read only x); the chain
+        # after the matmul cannot join them: 2 kernels.
+        self.assertEqual(opt.report().kernels_after, 2, str(opt.report()))
+
+    def test_plan_never_holds_two_patterns_that_feed_each_other(self):
+        """{a1, a2} and {b1, b2} are each legal, but a1 feeds b2 and b1 feeds
+        a2 (through matmuls): the beam search may take only one of them."""
+        @tf.function(input_signature=[tf.TensorSpec([8, 8])] * 3)
+        def f(x, y, w):
+            a1, b1 = x * 2.0, tf.exp(y * 0.5)
+            return a1 + tf.matmul(b1, w), b1 - tf.matmul(a1, w)
+
+        gen = rng(9615)
+        args = tuple(random(gen, (8, 8), "float32") for _ in range(3))
+        opt = fs.optimize(f, fusion="explore")
+        for a, e in zip(_quiet_call(opt, *args), f(*args)):
+            assert_same(self, a, e, "transcendental")
+        # one of the two patterns; the other side's ops stay apart: 3 kernels
+        self.assertEqual(opt.report().kernels_after, 3, str(opt.report()))
+
+    def test_packing_sees_cycles_through_other_kernels(self):
+        """p1 and p2 are unconnected in the graph, but the kernel {r, u, v}
+        reads p1 (through a matmul) and feeds p2 (through another): packing
+        p1 with p2 would close a cycle through that kernel."""
+        @tf.function(input_signature=[tf.TensorSpec([8, 8])] * 3)
+        def f(x, a, w):
+            p1 = tf.tanh(a * 2.0)
+            r = x * 2.0
+            u = r + tf.matmul(p1, w)
+            v = r * 3.0
+            p2 = tf.sigmoid(tf.matmul(v, w)) * 3.0
+            return u, p2
+
+        gen = rng(9620)
+        args = tuple(random(gen, (8, 8), "float32") for _ in range(3))
+        opt = fs.optimize(f, fusion="explore")
+        for a, e in zip(_quiet_call(opt, *args), f(*args)):
+            assert_same(self, a, e, "transcendental")
+        self.assertEqual(opt.report().kernels_after, 3, str(opt.report()))
+
+
+def _make_stateful(seed):
+    """A step that reads a variable, assigns to it, reads it again, draws
+    random numbers and counts: every stateful op must keep its place."""
+    gen = rng(seed)
+    v = tf.Variable(random(gen, (4, 8), "float32"))
+    count = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function(input_signature=[tf.TensorSpec([4, 8])])
+    def step(x):
+        before = tf.tanh(v * 2.0) + 1.0                      # read before the assignment
+        v.assign_add(x * 0.5)
+        after = tf.nn.relu(v.read_value() - 0.25) * 3.0      # must see the new value
+        noise = tf.random.uniform([4, 8], seed=7) * 2.0 - 1.0
+        count.assign_add(1)
+        return before, after, noise * before, count.read_value()
+
+    return step, v, count
+
+
+class StatefulTest(tf.test.TestCase):
+
+    def test_assignments_and_random_keep_their_order(self):
+        tf.random.set_seed(1)
+        ref_step, ref_v, ref_count = _make_stateful(9700)
+        tf.random.set_seed(1)
+        step, v, count = _make_stateful(9700)
+        opt = fs.optimize(step, fusion="explore")
+        gen = rng(9701)
+        for i in range(3):
+            x = random(gen, (4, 8), "float32")
+            v_before = v.numpy()
+            expected = ref_step(x)
+            actual = _quiet_call(opt, x)
+            for a, e in zip(actual, expected):
+                assert_same(self, a, e, "transcendental", msg=f"call {i}")
+            np.testing.assert_array_equal(v.numpy(), v_before + to_numpy(x) * np.float32(0.5))
+            np.testing.assert_array_equal(v.numpy(), ref_v.numpy())
+            self.assertEqual(int(count.numpy()), i + 1)
+            self.assertEqual(int(actual[3]), i + 1)
+        self.assertNotEmpty(fusion_stitch_nodes(opt.graph_def), str(opt.report()))
+        self.assertEmpty(opt.report().fallbacks, str(opt.report()))
+
+
+class OptionsTest(tf.test.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.f = tf.function(lambda x: tf.nn.relu(x * 2.0) + 1.0)
+
+    def test_bad_k_and_beam_fail_with_the_range(self):
+        for key, value in (("explore_k", 0), ("explore_k", 9), ("explore_beam", 0),
+                           ("explore_beam", 17)):
+            with self.subTest(f"{key}={value}"):
+                with self.assertRaisesRegex(ValueError, f"{key}={value} is out of range"):
+                    fs.optimize(self.f, fusion="explore", **{key: value})
+
+    def test_k_and_beam_are_ints(self):
+        for value in ("3", 2.0, True):
+            with self.assertRaisesRegex(TypeError, "explore_beam"):
+                fs.optimize(self.f, fusion="explore", explore_beam=value)
+
+    def test_k_and_beam_need_fusion_explore(self):
+        with self.assertRaisesRegex(ValueError, "explore_k applies only to fusion='explore'"):
+            fs.optimize(self.f, explore_k=2)
+        with self.assertRaisesRegex(ValueError, "explore_beam applies only"):
+            fs.optimize(self.f, fusion="xla_like", explore_beam=2)
+
+    def test_narrow_search_still_matches_tf(self):
+        f = tf.function(lambda x, g, b: _layernorm(x, g, b))
+        gen = rng(9800)
+        args = (random(gen, (6, HIDDEN), "float32"), random(gen, (HIDDEN,), "float32"),
+                random(gen, (HIDDEN,), "float32"))
+        opt = fs.optimize(f, fusion="explore", explore_k=1, explore_beam=1)
+        assert_same(self, _quiet_call(opt, *args), f(*args), rtol=_NORM_TOL, atol=_NORM_TOL)
+        self.assertIn("explore k=1 beam=1", str(opt.report()))
+        self.assertEqual(opt.report().kernels_after, 1, str(opt.report()))
+
+
+class CycleCheckTest(tf.test.TestCase):
+
+    def test_pruned_walk_agrees_with_the_full_walk(self):
+        """creates_cycle with `position` skips what cannot lead back; on
+        random DAGs with random clusters formed so far, its verdict equals the
+        unpruned walk's."""
+        gen = np.random.default_rng(9900)
+        disagreements, cycles = 0, 0
+        for _ in range(40):
+            gd = graph_pb2.GraphDef()
+            n = 30
+            for i in range(n):
+                node = gd.node.add(name=f"n{i}", op="NoOp")
+                for j in gen.choice(i, size=min(i, int(gen.integers(0, 3))), replace=False):
+                    node.input.append(f"^n{j}" if gen.random() < 0.3 else f"n{j}")
+            view = GraphView(gd, {})
+            order = list(view.order)
+            owner, members = {}, {}
+            for u in range(3):  # disjoint clusters already formed (each acyclic or not)
+                picked = [m for m in gen.choice(order, size=3, replace=False) if m not in owner]
+                members[f"u{u}"] = picked
+                owner.update((m, f"u{u}") for m in picked)
+            free = [m for m in order if m not in owner]
+            for _ in range(10):
+                nodes = set(gen.choice(free, size=int(gen.integers(1, 4)), replace=False))
+                full = creates_cycle(view, nodes, owner, members)
+                cycles += full
+                disagreements += full != creates_cycle(view, nodes, owner, members,
+                                                       view.position)
+        self.assertEqual(disagreements, 0)
+        self.assertGreater(cycles, 20)  # the cases exercise both verdicts
+
+
+class ReferenceModelTest(tf.test.TestCase):
+
+    def test_bert_train_step(self):
+        """The 2-layer tiny BERT train step explores and its three optimized
+        Adam steps match TF (tolerances of test_reference_models.py)."""
+        reference = models.build("bert", "tiny", seed=11)
+        fused = models.build("bert", "tiny", seed=11)
+        initial = [w.numpy() for w in reference.model.weights]
+        opt = fs.optimize(fused.train_step, fusion="explore")
+        gen = np.random.default_rng(12)
+        for step in range(3):
+            batch = reference.make_batch(gen, 4)
+            expected = reference.train_step(*batch.inputs, batch.labels)
+            actual = _quiet_call(opt, *batch.inputs, batch.labels)
+            assert_same(self, actual, expected, "transcendental", msg=f"loss {step}")
+        for r, f, before in zip(reference.model.weights, fused.model.weights, initial):
+            if r.trainable:
+                want, got = r.numpy() - before, f.numpy() - before
+                self.assertGreater(np.linalg.norm(want), 0.0, f"{r.path} was not trained")
+                error = np.linalg.norm(got - want) / np.linalg.norm(want)
+                self.assertLessEqual(error, 1e-4, f"{r.path} update differs")
+        self.assertEqual(int(fused.optimizer.iterations), 3)
+        report = opt.report()
+        self.assertEmpty(report.fallbacks, str(report))
+        self.assertIn("explore k=3 beam=3", str(report))
+        # Adam's per-variable updates have static shapes: remote fusion packs
+        # some of them; the plan is far below TF's kernel count.
+        self.assertNotIn(" 0 kernel(s) packed", str(report))
+        self.assertLess(report.kernels_after, report.kernels_before / 3, str(report))
