@@ -307,9 +307,9 @@ def print_table(rows):
 
 def _source_state():
     """The commit measured, and whether tracked files had uncommitted changes."""
-    def git(*args):
+    def git(*args):  # porcelain lines start with a space: strip only line ends
         return subprocess.run(["git", *args], cwd=_HERE.parent, capture_output=True,
-                              text=True, timeout=30).stdout.strip()
+                              text=True, timeout=30).stdout.rstrip()
     try:
         commit = git("rev-parse", "--short", "HEAD")
         dirty = [l[3:] for l in git("status", "--porcelain", "--untracked-files=no")
