@@ -430,7 +430,9 @@ class _Printer:
         if kr.tiled and kr.col_groups:
             e("const int64_t tile = r % n_tiles; r /= n_tiles;", 2)
         for g in reversed(kr.row_groups):
-            e(f"const int64_t i{g} = r % g{g}; r /= g{g};", 2)
+            # The outermost group needs no division: item < work, so r < g there.
+            e(f"const int64_t i{g} = r;" if g == kr.row_groups[0] else
+              f"const int64_t i{g} = r % g{g}; r /= g{g};", 2)
         e("(void)r;", 2)
         for i, tn in enumerate(kr.tensors):
             terms = [f"i{g} * s{i}_{g}" for g in tn.groups if g in kr.row_groups]
