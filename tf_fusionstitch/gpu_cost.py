@@ -1,9 +1,12 @@
 """FusionStitching's latency evaluator for one GPU plan (PAPERS.md section 1).
 
-    latency = max(memory time, waves x wave time)
+    latency = max(memory, issue) + OVERLAP_LOSS x min(memory, issue)
+    issue = waves x wave time
 
 - *memory time*: the bytes the kernel must move through DRAM (every input
-  read once, every output written once) over the bandwidth a copy reaches.
+  read once, every output written once) over the bandwidth a copy reaches,
+  plus what later loops reload from the L1/L2 over L2_BANDWIDTH_RATIO
+  times that.
 - *occupancy*: blocks resident per SM from the block size, registers (ptxas'
   count when given, else `estimate_registers`) and shared memory
   (`shared_bytes`, as the printer allocates it), by gpu_occupancy.py.
@@ -67,9 +70,10 @@ GPUS = {
 WARP = 32
 SCHEDULERS = 4                # warp schedulers per SM (Volta to Hopper)
 # A load's round trip to DRAM under load (queueing included), fitted to the
-# H200 sweep (benchmarks/gpu_patterns.py --sweep, 2026-11-29: ~1.5 us at
-# 1.98 GHz; an idle L2 miss is 450-1000 cycles). It decides when too few
-# bytes are in flight to reach the bandwidth.
+# H200 sweep (benchmarks/gpu_patterns.py --sweep, 2026-11-29; tests/
+# gpu_measurements/h200_sweep.json): 0.76 us at 1.98 GHz, where an idle L2
+# miss is 450-1000 cycles. It decides when too few bytes are in flight to
+# reach the bandwidth.
 DRAM_LATENCY_CYCLES = 1500
 # The fraction of the datasheet bandwidth a copy reaches: 4.27 of 4.8 TB/s
 # on the H200 (same run); assumed alike on the other parts.
@@ -77,7 +81,8 @@ DRAM_EFFICIENCY = 0.89
 # A later loop reloading an input that is neither in registers nor in
 # shared memory reads it from the L1 or L2, at this many times the copy
 # bandwidth, and OVERLAP_LOSS of the shorter of memory and issue time adds
-# to the longer. Both fitted to the H200 sweep (see OVERLAP_LOSS's use).
+# to the longer. Both fitted to the H200 sweep, as BARRIER_CYCLES (a barrier
+# and the partials' exchange around it) is.
 L2_BANDWIDTH_RATIO = 3.0
 OVERLAP_LOSS = 0.5
 SECTOR = 32                   # bytes the L1 moves per access unit
@@ -377,7 +382,7 @@ def dram_bytes(plan, rows: int, cols: int, l2_bytes: int = 0) -> int:
     only rows, or only columns, count that many elements). A split row's
     launches share no registers or shared memory: each launch reads the
     inputs of its loop again, from DRAM where the tensor outgrows half the
-    L2 (the H200 sweep: 64 MB inputs split over 2 blocks a row ran 2.7x
+    L2 (the H200 sweep: 64 MB inputs split over 2 blocks a row ran 2.6x
     slower than unsplit)."""
     kr = plan.kernel
     reads = [1] * len(kr.tensors)
@@ -388,14 +393,18 @@ def dram_bytes(plan, rows: int, cols: int, l2_bytes: int = 0) -> int:
                 reads[t] += 1
     total = 0
     for tn, times in zip(kr.tensors, reads):
-        n = 1
-        if any(g in kr.row_groups for g in tn.groups):
-            n *= rows
-        if any(g in kr.col_groups for g in tn.groups):
-            n *= cols
-        size = n * _BYTES[tn.dtype]
+        size = _tensor_bytes(kr, tn, rows, cols)
         total += size * (max(times, 1) if 2 * size > l2_bytes else 1)
     return total
+
+
+def _tensor_bytes(kr: k.Kernel, tn: k.Tensor, rows: int, cols: int) -> int:
+    n = 1
+    if any(g in kr.row_groups for g in tn.groups):
+        n *= rows
+    if any(g in kr.col_groups for g in tn.groups):
+        n *= cols
+    return n * _BYTES[tn.dtype]
 
 
 def reread_bytes(plan, rows: int, cols: int) -> int:
@@ -406,15 +415,11 @@ def reread_bytes(plan, rows: int, cols: int) -> int:
     if _phases(plan) > 1:
         return 0
     seen, total = set(), 0
-    for loop, body in enumerate(kr.loops):
+    for body in kr.loops:
         for st in body:
-            if not isinstance(st, k.Load) or st.dst in plan.register_cached:
-                continue
-            if st.tensor in seen:
-                tn = kr.tensors[st.tensor]
-                n = (rows if any(g in kr.row_groups for g in tn.groups) else 1) * \
-                    (cols if any(g in kr.col_groups for g in tn.groups) else 1)
-                total += n * _BYTES[tn.dtype]
+            if isinstance(st, k.Load) and st.tensor in seen \
+                    and st.dst not in plan.register_cached:
+                total += _tensor_bytes(kr, kr.tensors[st.tensor], rows, cols)
         seen |= {st.tensor for st in body if isinstance(st, k.Load)}
     return total
 
