@@ -1,7 +1,7 @@
 """fusion="explore": FusionStitching's fusion-plan exploration (PAPERS.md,
 section 1, "Two cost models" and "Exploring fusion plans").
 
-Three steps over the fusible nodes (clustering.fusible_nodes):
+Four steps over the fusible nodes (clustering.fusible_nodes):
 
 1. PatternReduction, an approximate dynamic program. Vertices are visited in
    post-order (every consumer before its producers). A vertex v keeps its top-k
@@ -18,11 +18,15 @@ Three steps over the fusible nodes (clustering.fusible_nodes):
    of its candidate patterns that overlaps no pattern of the state and makes
    no cycle with them (patterns each acyclic can still feed each other).
    States are ranked by the sum of their patterns' scores.
-3. Remote fusion (kernel packing): kernels of the best plan that are not
-   connected are merged into one packed kernel when the result is legal,
-   makes no cycle, and the delta evaluator says the launch saved outweighs the
-   penalty. The paper gets the same effect by re-running PatternReduction from
-   a virtual producer of every vertex; here it is a greedy pass over kernels
+3. Neighbour merges: patterns grow only from a producer towards its
+   consumers, so the two producers of one op (x + y, both computed) end up
+   apart. A greedy pass over the best plan's edges merges two kernels when
+   the union is legal, makes no cycle with the rest of the plan, and scores
+   more than the two apart.
+4. Remote fusion (kernel packing): kernels that are not connected are merged
+   into one packed kernel under the same three conditions. Steps 3 and 4 are
+   this pass's stand-in for the paper's second PatternReduction round from a
+   virtual producer of every vertex; packing is tried only between kernels
    whose iteration spaces have the same static extents (build_schedule can
    only place two unconnected parts in one iteration space when it can
    identify their axes by static extent).
@@ -94,13 +98,15 @@ class ExploreStats:
     vertices: int = 0
     patterns_checked: int = 0       # distinct node sets checked for legality
     legal_patterns: int = 0
+    merged: int = 0                 # kernels removed by merging neighbours
     packed: int = 0                 # kernels removed by remote fusion
-    plan_score: float = 0.0         # delta evaluator, seconds saved per call
+    plan_score: float = 0.0         # final plan, delta evaluator: seconds saved per call
     seconds: float = 0.0
 
     def __str__(self) -> str:
         return (f"explore k={self.k} beam={self.beam}: {self.vertices} vertices, "
                 f"{self.patterns_checked} patterns checked ({self.legal_patterns} legal), "
+                f"{self.merged} neighbour merge(s), "
                 f"{self.packed} kernel(s) packed by remote fusion, plan saves "
                 f"{self.plan_score * 1e6:.1f} us/call by the delta evaluator, "
                 f"{self.seconds:.2f} s")
@@ -277,55 +283,80 @@ class _Explorer:
                     unique.append(st)
             states = unique[:self.beam]
         best = states[0]
-        self.stats.plan_score = best[0]
         return list(best[1])
 
     # -- 3. remote fusion -------------------------------------------------------
 
-    def pack(self, plan: List[Pattern]) -> List[Pattern]:
+    def refine(self, plan: List[Pattern]) -> List[Pattern]:
+        """Steps 3 and 4 on the beam's best plan: every candidate is a unit
+        (a pattern, or an op alone); merge neighbours, then pack the rest."""
         view = self.view
         covered = set().union(*plan) if plan else set()
-        units = list(plan) + [frozenset([n]) for n in self.candidates
-                              if n not in covered and self._launches.get(n)]
-        units.sort(key=lambda p: min(view.position[n] for n in p))
-        owner, members = {}, {}
+        units = list(plan) + [frozenset([n]) for n in self.candidates if n not in covered]
+        owner: Dict[str, str] = {}
+        members: Dict[str, List[str]] = {}
+        serial = iter(range(1 << 62))
 
         def register(p: Pattern) -> str:
-            unit = f"unit{len(members)}"
-            while unit in members:
-                unit += "_"
+            unit = f"unit{next(serial)}"
             for n in p:
                 owner[n] = unit
             members[unit] = sorted(p, key=view.position.get)
             return unit
 
+        def merge(a: str, b: str) -> Optional[str]:
+            """The unit of a and b merged, when legal, profitable and acyclic
+            in the plan (every other kernel one node); else None."""
+            pa, pb = frozenset(members[a]), frozenset(members[b])
+            merged = pa | pb
+            s = self.evaluate(merged)
+            if s is None or s <= self.evaluate(pa) + self.evaluate(pb):
+                return None
+            for n in merged:  # the merged set is the one unit being checked
+                owner.pop(n)
+            saved = members.pop(a), members.pop(b)
+            if creates_cycle(view, set(merged), owner, members, view.position):
+                members[a], members[b] = saved
+                owner.update((n, a) for n in pa)
+                owner.update((n, b) for n in pb)
+                return None
+            return register(merged)
+
         # Every kernel is a unit before any merge, so the cycle check sees
         # the whole plan (a later pattern can close a cycle too).
-        unit_of = {p: register(p) for p in units}
-        open_packs: Dict[tuple, List[str]] = {}  # iteration-space key -> pack units
         for p in units:
+            register(p)
+
+        # 3. Neighbours: the DP grows a pattern only from a producer towards
+        # its consumers, so two producers of one op (x + y, both computed)
+        # end up apart; the paper's second PatternReduction round from a
+        # virtual producer of every vertex joins them. Here: a greedy pass
+        # over the plan's edges, merging when the evaluator gains.
+        for consumer in view.order:
+            if consumer not in self.candidates:
+                continue
+            for src, _ in view.data_inputs[consumer]:
+                if src in self.candidates and owner[src] != owner[consumer]:
+                    if merge(owner[src], owner[consumer]) is not None:
+                        self.stats.merged += 1
+
+        # 4. Remote fusion: kernels with the same static iteration space,
+        # visited in topological order, join the first open pack they can.
+        kernels = sorted(members, key=lambda u: view.position[members[u][0]])
+        open_packs: Dict[tuple, List[str]] = {}  # iteration-space key -> pack units
+        for unit in kernels:
+            p = frozenset(members[unit])
             key = self._space_key(p)
-            if key is None:
+            if key is None or not any(self._launches.get(n) for n in p):
                 continue
             for i, pack_unit in enumerate(open_packs.get(key, [])):
-                pack = frozenset(members[pack_unit])
-                merged = pack | p
-                s = self.evaluate(merged)
-                if s is None or s <= self.evaluate(pack) + self.evaluate(p):
-                    continue
-                for n in merged:  # the merged set is the one unit being checked
-                    owner.pop(n)
-                saved = members.pop(pack_unit), members.pop(unit_of[p])
-                if creates_cycle(view, set(merged), owner, members, view.position):
-                    members[pack_unit], members[unit_of[p]] = saved
-                    owner.update((n, pack_unit) for n in pack)
-                    owner.update((n, unit_of[p]) for n in p)
-                    continue
-                open_packs[key][i] = register(merged)
-                self.stats.packed += 1
-                break
+                packed = merge(pack_unit, unit)
+                if packed is not None:
+                    open_packs[key][i] = packed
+                    self.stats.packed += 1
+                    break
             else:
-                open_packs.setdefault(key, []).append(unit_of[p])
+                open_packs.setdefault(key, []).append(unit)
         return [frozenset(m) for m in members.values()]
 
     def _space_key(self, p: Pattern) -> Optional[tuple]:
@@ -343,7 +374,8 @@ def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
     start = time.perf_counter()
     explorer = _Explorer(view, candidates, fetches, k, beam)
     plan = explorer.best_plan(explorer.candidate_patterns())
-    kernels = explorer.pack(plan)
+    kernels = explorer.refine(plan)
+    explorer.stats.plan_score = sum(explorer.evaluate(p) for p in kernels if len(p) > 1)
     covered = set().union(*kernels) if kernels else set()
     groups = [sorted(p, key=view.position.get) for p in kernels]
     groups += [[n] for n in candidates if n not in covered]

@@ -148,6 +148,25 @@ class ExplorePatternTest(tf.test.TestCase):
         self.assertLessEqual(kernels["explore"], 6)
 
 
+class NeighbourMergeTest(tf.test.TestCase):
+
+    def test_two_computed_producers_of_one_op_join_one_kernel(self):
+        """Patterns grow from a producer to its consumers: {exp, add} or
+        {tanh, add}; the neighbour merge adds the other producer. The batch
+        is dynamic, so remote fusion (static iteration spaces only) cannot."""
+        @tf.function(input_signature=[tf.TensorSpec([None, HIDDEN])] * 2)
+        def f(x, y):
+            return tf.exp(x * 0.5) + tf.tanh(y)
+
+        gen = rng(9590)
+        args = (random(gen, (6, HIDDEN), "float32"), random(gen, (6, HIDDEN), "float32"))
+        opt = fs.optimize(f, fusion="explore")
+        assert_same(self, _quiet_call(opt, *args), f(*args), "transcendental")
+        self.assertEqual(opt.report().kernels_after, 1, str(opt.report()))
+        self.assertRegex(str(opt.report()),
+                         r" [1-9]\d* neighbour merge\(s\), 0 kernel\(s\) packed")
+
+
 class RemoteFusionTest(tf.test.TestCase):
 
     def test_independent_chains_pack_into_one_kernel(self):
