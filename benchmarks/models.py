@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -80,6 +81,8 @@ flags.DEFINE_string("out", str(_HERE / "RESULTS.md"),
                     "Markdown file whose models section is (re)written; empty: do not write.")
 flags.DEFINE_alias("results", "out")
 flags.DEFINE_bool("inference", True, "Also benchmark BERT's inference function.")
+flags.DEFINE_string("fs_fusion", "stitch", "The fusion strategy of the fs contender "
+                    "(optimize's fusion option; 'stitch' is optimize's default).")
 
 # Real-size batches that keep one training step of each model at about a second on a
 # 2-core CPU (three contenders x (warm-up + repeats) steps per model).
@@ -178,13 +181,15 @@ def run_row(name, function, sizes, batch_size, cache_root):
         batch = built[0].make_batch(np.random.default_rng(1), batch_size)
         args = list(batch.inputs) + ([batch.labels] if function == "train_step" else [])
 
-        stage = "optimize (stitch, cold)"
+        stage = f"optimize ({FLAGS.fs_fusion}, cold)"
         _fresh_cache_dir(cache_root, f"{name}-{function}")
-        fs_fn = fs.optimize(fns[2])
+        fs_fn = fs.optimize(fns[2], fusion=FLAGS.fs_fusion)
         cold, cold_wall, warns = _traced(fs_fn, args)
         row["notes"] += [f"fs: {w}" for w in warns]
-        stage = "optimize (stitch, warm)"
-        warm, _, _ = _traced(fs.optimize(fns[2]), args)
+        if cold.exploration:
+            row["notes"].append(f"fs exploration: {cold.exploration}")
+        stage = f"optimize ({FLAGS.fs_fusion}, warm)"
+        warm, _, _ = _traced(fs.optimize(fns[2], fusion=FLAGS.fs_fusion), args)
         stage = "optimize (xla_like)"
         xla_like, _, warns = _traced(fs.optimize(fns[2], fusion="xla_like"), args)
         row["notes"] += [f"xla_like: {w}" for w in warns]
@@ -322,23 +327,58 @@ def _source_state():
                                  if dirty else "")
 
 
+class LoadSampler:
+    """The 1-minute load average every `period` seconds while the run lasts (this process
+    included: its own TF threads keep about one runnable thread per core)."""
+
+    def __init__(self, period=15.0):
+        self.samples, self._stop = [], threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(period,), daemon=True)
+
+    def _run(self, period):
+        while not self._stop.wait(period):
+            self.samples.append(os.getloadavg()[0])
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def text(self):
+        if not self.samples:
+            return "load not sampled during the run"
+        return (f"1-min load during the run (this process included) median "
+                f"{statistics.median(self.samples):.1f}, max {max(self.samples):.1f}")
+
+
 def machine_line(load):
     return (f"{_cpu_model()}, {os.cpu_count()} cores; TF {tf.__version__}, numpy "
             f"{np.__version__}, Python {platform.python_version()}; load average {load:.2f} "
             f"before the run")
 
 
-def markdown(rows, load, seconds, sizes_text, source):
+def markdown(rows, load, seconds, sizes_text, source, during):
+    batch_text = ""
+    if FLAGS.size == "real" and FLAGS.batch is None:
+        batch_text = (" with small batches (the batch column), so that one training step "
+                      "takes about a second or two on this 2-core CPU and every model fits "
+                      "the run")
+    fs_call = ("optimize(fn)" if FLAGS.fs_fusion == "stitch"
+               else f"optimize(fn, fusion={FLAGS.fs_fusion!r})")
     lines = [
         BEGIN,
         "## Reference models (`benchmarks/models.py`)",
         "",
         f"{datetime.date.today().isoformat()}; {machine_line(load)}; the run took "
-        f"{seconds / 60:.1f} min; {source} at the start.",
-        f"`python benchmarks/models.py {' '.join(sys.argv[1:])}`".rstrip() + ". "
-        f"Sizes: {FLAGS.size}{sizes_text}. "
+        f"{seconds / 60:.1f} min; {during}; {source} at the start.",
+        f"`{' '.join(['python benchmarks/models.py'] + sys.argv[1:])}`. "
+        f"Sizes: {FLAGS.size}{sizes_text}{batch_text}. "
         "Kernels: memory-intensive kernels of the graph TF runs after Grappler / of the "
-        "xla_like plan / of the FusionStitch plan. Cold / warm: the FusionStitch rewrite "
+        f"xla_like plan / of the FusionStitch plan (fs: `{fs_call}`). "
+        "Cold / warm: the FusionStitch rewrite "
         "(Grappler, exploration, code generation, compilation) with an empty kernel cache / "
         "again with every kernel cached. Step times: median of "
         f"{FLAGS.repeats} interleaved calls after {FLAGS.warmup} warm-up rounds, in ms; XLA "
@@ -392,7 +432,8 @@ def main(argv):
 
     rows = []
     sizes_text = []
-    with tempfile.TemporaryDirectory(prefix="fs-models-bench-") as cache_root:
+    with tempfile.TemporaryDirectory(prefix="fs-models-bench-") as cache_root, \
+            LoadSampler() as sampler:
         os.chmod(cache_root, 0o700)
         for name in FLAGS.models:
             sizes = overrides.get(name, {})
@@ -408,11 +449,11 @@ def main(argv):
     seconds = time.perf_counter() - start
     print()
     print_table(rows)
-    print(f"\nmodels: {len(rows)} rows in {seconds:.1f} s")
+    print(f"\nmodels: {len(rows)} rows in {seconds:.1f} s; {sampler.text()}")
     if FLAGS.out:
         text = markdown(rows, load, seconds,
                         (" with overrides " + "; ".join(sizes_text)) if sizes_text else "",
-                        source)
+                        source, sampler.text())
         results_md.write_section(FLAGS.out, BEGIN, END, text)
         print(f"wrote {FLAGS.out}")
 
