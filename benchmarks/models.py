@@ -200,8 +200,8 @@ def run_row(name, function, sizes, batch_size, cache_root):
                    fused=len(cold.fused_clusters), fallbacks=len(cold.fallbacks))
         if xla_like.kernels_before != cold.kernels_before:
             row["notes"].append(f"TF kernel counts differ between the two rewrites: "
-                                f"{cold.kernels_before} ({FLAGS.fs_fusion}), {xla_like.kernels_before} "
-                                f"(xla_like)")
+                                f"{cold.kernels_before} ({FLAGS.fs_fusion}), "
+                                f"{xla_like.kernels_before} (xla_like)")
         if warm.kernels_after != cold.kernels_after:
             row["notes"].append(f"the warm rewrite's plan has {warm.kernels_after} kernels, "
                                 f"the cold one {cold.kernels_after}")
