@@ -186,8 +186,7 @@ def run_row(name, function, sizes, batch_size, cache_root):
         fs_fn = fs.optimize(fns[2], fusion=FLAGS.fs_fusion)
         cold, cold_wall, warns = _traced(fs_fn, args)
         row["notes"] += [f"fs: {w}" for w in warns]
-        if cold.exploration:
-            row["notes"].append(f"fs exploration: {cold.exploration}")
+        row["exploration"] = cold.exploration
         stage = f"optimize ({FLAGS.fs_fusion}, warm)"
         warm, _, _ = _traced(fs.optimize(fns[2], fusion=FLAGS.fs_fusion), args)
         stage = "optimize (xla_like)"
@@ -210,6 +209,8 @@ def run_row(name, function, sizes, batch_size, cache_root):
               f"({cold.compilations} compilations, {cold_wall:.2f} s with tracing), warm "
               f"{warm.rewrite_seconds:.2f} s ({warm.compilations}), xla_like "
               f"{xla_like.rewrite_seconds:.2f} s", flush=True)
+        if cold.exploration:
+            print(f"    exploration: {cold.exploration}", flush=True)
 
         stage = "first call"
         py = fns[1].python_function
@@ -406,7 +407,11 @@ def markdown(rows, load, seconds, sizes_text, source, during):
                 f"tracing), warm {r['warm']:.2f} s ({r['warm_compilations']} compiled), "
                 f"xla_like rewrite {r['xla_like_seconds']:.2f} s; {r['fused']} FusionStitch "
                 f"kernels, {r['fallbacks']} fallbacks; first call (incl. XLA's compilation) "
-                f"{first}.")
+                f"{first}."
+                + (" Step-time spread (max - min of the timed calls): " +
+                   ", ".join(f"{k} {v:.3g} ms" for k, v in r["spread"].items()) + "."
+                   if r.get("spread") else "")
+                + (f" Exploration: {r['exploration']}." if r.get("exploration") else ""))
     lines += ["", "Details:", ""] + details
     lines += ["", "Notes:", ""] + (notes or ["- none: every contender ran on every row "
                                              "and agreed with TF."])
