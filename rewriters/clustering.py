@@ -14,15 +14,41 @@ Stateful ops are never fusible, so their order is never changed.
 
 from __future__ import annotations
 
+import math
+
 from typing import Dict, List, Optional, Set
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.rewriters import op_table
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.lowering import lower_nodes
-from tf_fusionstitch.schedule import UnsupportedCluster, build_schedule
+from tf_fusionstitch.schedule import Schedule, UnsupportedCluster, build_schedule
 
 LOWERING_ERRORS = (op_table.NotFusible, ir.SpecError, UnsupportedCluster)
+
+
+# Reduced elements per kept element up to which a reduction keeping the
+# innermost axis still fuses: its strided walk then stays within the caches.
+STRIDED_REDUCTION_MAX = 4096
+
+
+def cpu_schedule(cluster: ir.Cluster) -> Schedule:
+    """The cluster's schedule where a CPU kernel of it pays: UnsupportedCluster
+    for a reduction that keeps the innermost axis (a bias gradient's sum over
+    the batch, NHWC batchnorm's statistics over N, H, W). Its kernel walks
+    each kept element's values a row apart, a thread per kept element, where
+    TF's reduction streams the rows: a sum over 16384 rows of 768 took 49 ms
+    fused against 14 ms in TF on this project's 2-core CPU. (NCHW's sum over
+    N, H, W reads runs of H*W and stays fusible; the GPU schedule maps kept
+    elements to lanes and keeps such reductions.)"""
+    schedule = build_schedule(cluster)
+    if schedule.reductions and schedule.num_axes - 1 not in schedule.col_axes:
+        reduced = [schedule.static_extent[a] for a in schedule.col_axes]
+        if None in reduced or math.prod(reduced) >= STRIDED_REDUCTION_MAX:
+            raise UnsupportedCluster(
+                "a reduction that keeps the innermost axis over a dynamic or long outer "
+                "extent stays with TensorFlow, whose CPU kernel reads it contiguously")
+    return schedule
 
 
 def fusible_nodes(view: GraphView, fetches: Set[Tensor]) -> Dict[str, str]:
@@ -44,7 +70,7 @@ def fusible_nodes(view: GraphView, fetches: Set[Tensor]) -> Dict[str, str]:
             continue
         try:
             lowered = lower_nodes(view, [name], fetches)
-            build_schedule(lowered.cluster)
+            cpu_schedule(lowered.cluster)
             verdict[name] = ""
         except LOWERING_ERRORS as e:
             verdict[name] = str(e)
@@ -98,7 +124,7 @@ def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor]) -
         if creates_cycle(view, set(nodes), owner, members):
             return False
         try:
-            build_schedule(lower_nodes(view, nodes, fetches).cluster)
+            cpu_schedule(lower_nodes(view, nodes, fetches).cluster)
         except LOWERING_ERRORS:
             return False
         return True

@@ -51,10 +51,9 @@ import time
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from tf_fusionstitch.rewriters import op_table
-from tf_fusionstitch.rewriters.clustering import LOWERING_ERRORS, creates_cycle
+from tf_fusionstitch.rewriters.clustering import LOWERING_ERRORS, cpu_schedule, creates_cycle
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.lowering import lower_nodes
-from tf_fusionstitch.schedule import build_schedule
 
 # The delta evaluator's constants, in one place.
 COSTS = {
@@ -192,7 +191,7 @@ class _Explorer:
                 try:
                     lowered = lower_nodes(self.view, sorted(nodes, key=self.view.position.get),
                                           self.fetches)
-                    schedule = build_schedule(lowered.cluster)
+                    schedule = cpu_schedule(lowered.cluster)
                     verdict = self._score(nodes, lowered, schedule)
                     self._space[nodes] = None if None in schedule.static_extent else (
                         schedule.tiled, tuple(sorted(schedule.static_extent)))

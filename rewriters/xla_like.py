@@ -32,10 +32,9 @@ from tensorflow.core.framework import graph_pb2, types_pb2
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.rewriters import op_table
-from tf_fusionstitch.rewriters.clustering import LOWERING_ERRORS, creates_cycle
+from tf_fusionstitch.rewriters.clustering import LOWERING_ERRORS, cpu_schedule, creates_cycle
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor, parse_input
 from tf_fusionstitch.rewriters.lowering import lower_nodes
-from tf_fusionstitch.schedule import build_schedule
 
 # Expanded in float32/float64 only: in half precision the separate TF ops would
 # round after every step where TF's Softmax kernel does not.
@@ -132,7 +131,7 @@ def fusion_decision(view: GraphView, nodes: List[str], owner: Dict[str, str],
         cluster = lower_nodes(view, nodes, fetches).cluster
         reason = reads_a_reduction(cluster)
         if not reason:
-            build_schedule(cluster)
+            cpu_schedule(cluster)
     except LOWERING_ERRORS as e:
         reason = str(e)
     return reason

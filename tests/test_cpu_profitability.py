@@ -1,0 +1,48 @@
+"""Reductions that keep the innermost axis (a bias gradient's sum over the
+batch, NHWC batchnorm statistics) stay with TensorFlow on the CPU when their
+outer extent is dynamic or long: the fused kernel would walk each kept
+element's values a row apart (rewriters/clustering.py cpu_schedule)."""
+
+import numpy as np
+import tensorflow as tf
+
+import tf_fusionstitch as fs
+
+
+def _fused_ops(opt):
+    return [op_type for c in opt.report().clusters for _, op_type in c.tf_ops]
+
+
+class StridedReductionTest(tf.test.TestCase):
+
+    def _check(self, fn, *shapes):
+        rng = np.random.default_rng(5)
+        args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        opt = fs.optimize(tf.function(fn))
+        got, want = opt(*args), tf.function(fn)(*args)
+        self.assertAllClose(got, want, rtol=1e-5, atol=1e-4 * float(np.abs(want).max()))
+        return opt
+
+    def test_bias_gradient_over_a_long_batch_stays_with_tensorflow(self):
+        opt = self._check(lambda dy: tf.reduce_sum(dy * 2.0, axis=0), (5000, 64))
+        self.assertNotIn("Sum", _fused_ops(opt))
+        self.assertIn("keeps the innermost axis", str(opt.report()))
+
+    def test_dynamic_batch_stays_with_tensorflow(self):
+        fn = tf.function(lambda x: tf.reduce_mean(tf.square(x - 1.0), axis=[0, 1, 2]),
+                         input_signature=[tf.TensorSpec([None, 4, 4, 8], tf.float32)])
+        opt = fs.optimize(fn)
+        x = np.random.default_rng(6).standard_normal((3, 4, 4, 8)).astype(np.float32)
+        self.assertAllClose(opt(x), fn(x), rtol=1e-5, atol=1e-6)
+        self.assertNotIn("Mean", _fused_ops(opt))
+
+    def test_short_outer_reduction_and_innermost_reduction_still_fuse(self):
+        opt = self._check(lambda dy: tf.reduce_sum(dy * 2.0, axis=0), (300, 64))
+        self.assertIn("Sum", _fused_ops(opt))
+        # NCHW: the reduced H and W are innermost; runs of H*W are contiguous.
+        opt = self._check(lambda x: tf.reduce_sum(x * x, axis=[0, 2, 3]), (64, 8, 16, 16))
+        self.assertIn("Sum", _fused_ops(opt))
+
+
+if __name__ == "__main__":
+    tf.test.main()
