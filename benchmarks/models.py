@@ -97,17 +97,6 @@ def _one_line(exc):
     return re.sub(r"\s+", " ", text[0] if text else type(exc).__name__)[:300]
 
 
-def _cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _overrides():
     result = {}
     for item in FLAGS.override:
@@ -356,7 +345,7 @@ class LoadSampler:
 
 
 def machine_line(load):
-    return (f"{_cpu_model()}, {os.cpu_count()} cores; TF {tf.__version__}, numpy "
+    return (f"{results_md.cpu_model()}, {os.cpu_count()} cores; TF {tf.__version__}, numpy "
             f"{np.__version__}, Python {platform.python_version()}; load average {load:.2f} "
             f"before the run")
 

@@ -232,17 +232,6 @@ def run_case(name, fn, shapes, rng, bandwidth):
 CONTENDERS = ("TF", "XLA", "ORT", "fs")
 
 
-def _cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _versions():
     parts = [f"TF {tf.__version__}", f"numpy {np.__version__}"]
     for mod in ("onnxruntime", "tf2onnx"):
@@ -296,7 +285,7 @@ def markdown(rows, bandwidth, load):
         BEGIN,
         "## Patterns (`benchmarks/patterns.py`)",
         "",
-        f"{datetime.date.today().isoformat()}; {_cpu_model()}, {os.cpu_count()} cores; "
+        f"{datetime.date.today().isoformat()}; {results_md.cpu_model()}, {os.cpu_count()} cores; "
         f"{_versions()}; Python {platform.python_version()}; load average {load:.1f} "
         f"before the run.",
         f"float32, random normal inputs; median of {FLAGS.repeats} calls after {FLAGS.warmup} "
@@ -335,7 +324,7 @@ def main(argv):
     load = os.getloadavg()[0]  # other work running now skews every time below
 
     bandwidth = copy_bandwidth()
-    print(f"{_cpu_model()}, {os.cpu_count()} cores, {_versions()}; load average "
+    print(f"{results_md.cpu_model()}, {os.cpu_count()} cores, {_versions()}; load average "
           f"{load:.1f}; copy bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
     rng = np.random.default_rng(0)
     cases = _cases(FLAGS.small)

@@ -1,7 +1,9 @@
 """benchmarks/RESULTS.md holds one section per benchmark script between its own
-markers; each script rewrites only its section."""
+markers; each script rewrites only its section. Also the machine description
+the scripts print beside their numbers."""
 
 import os
+import platform
 
 
 def write_section(path: str, begin: str, end: str, section: str) -> None:
@@ -17,3 +19,15 @@ def write_section(path: str, begin: str, end: str, section: str) -> None:
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
