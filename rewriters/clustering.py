@@ -114,35 +114,42 @@ def creates_cycle(view: GraphView, nodes: Set[str], owner: Dict[str, str],
     return False
 
 
-def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor]) -> List[List[str]]:
-    """Greedy: visit edges in topological order of the consumer and merge the
-    two clusters whenever the result is legal."""
+def grow_clusters(view: GraphView, candidates: Set[str], refuse) -> List[List[str]]:
+    """Visits edges in topological order of the consumer and merges the
+    producer's cluster into the consumer's unless `refuse(merged, owner,
+    members)` is truthy (a reason). `owner` maps a node to its cluster's
+    key, `members` a key to its nodes, both as formed so far."""
     owner = {n: n for n in candidates}
     members: Dict[str, List[str]] = {n: [n] for n in candidates}
-
-    def legal(nodes: List[str]) -> bool:
-        if creates_cycle(view, set(nodes), owner, members):
-            return False
-        try:
-            cpu_schedule(lower_nodes(view, nodes, fetches).cluster)
-        except LOWERING_ERRORS:
-            return False
-        return True
-
     for consumer in view.order:
         if consumer not in candidates:
             continue
         for src, _ in view.data_inputs[consumer]:
             if src not in candidates:
                 continue
-            a, b = owner[src], owner[consumer]
-            if a == b:
+            producer, fusion = owner[src], owner[consumer]
+            if producer == fusion:
                 continue
-            merged = members[a] + members[b]
-            if not legal(merged):
+            merged = members[fusion] + members[producer]
+            if refuse(merged, owner, members):
                 continue
-            for n in members[b]:
-                owner[n] = a
-            members[a] = merged
-            del members[b]
+            for n in members[producer]:
+                owner[n] = fusion
+            members[fusion] = merged
+            del members[producer]
     return [sorted(m, key=view.position.get) for m in members.values()]
+
+
+def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor]) -> List[List[str]]:
+    """Greedy: merge along every edge whenever the result is legal."""
+
+    def illegal(nodes: List[str], owner, members) -> bool:
+        if creates_cycle(view, set(nodes), owner, members):
+            return True
+        try:
+            cpu_schedule(lower_nodes(view, nodes, fetches).cluster)
+        except LOWERING_ERRORS:
+            return True
+        return False
+
+    return grow_clusters(view, candidates, illegal)

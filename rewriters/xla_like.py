@@ -24,7 +24,7 @@ are first expanded into the ops tf2xla lowers them to.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set
 
 import numpy as np
 import tensorflow as tf
@@ -32,7 +32,8 @@ from tensorflow.core.framework import graph_pb2, types_pb2
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.rewriters import op_table
-from tf_fusionstitch.rewriters.clustering import LOWERING_ERRORS, cpu_schedule, creates_cycle
+from tf_fusionstitch.rewriters.clustering import (LOWERING_ERRORS, cpu_schedule, creates_cycle,
+                                                  grow_clusters)
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor, parse_input
 from tf_fusionstitch.rewriters.lowering import lower_nodes
 
@@ -156,22 +157,5 @@ def unfusible_alone(view: GraphView, candidates: Set[str], fetches: Set[Tensor])
 def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor]) -> List[List[str]]:
     """Visit consumers in topological order and fuse each producer's fusion
     into the consumer's whenever fusion_decision allows it."""
-    owner = {n: n for n in candidates}
-    members: Dict[str, List[str]] = {n: [n] for n in candidates}
-    for consumer in view.order:
-        if consumer not in candidates:
-            continue
-        for src, _ in view.data_inputs[consumer]:
-            if src not in candidates:
-                continue
-            producer, fusion = owner[src], owner[consumer]
-            if producer == fusion:
-                continue
-            merged = members[fusion] + members[producer]
-            if fusion_decision(view, merged, owner, members, fetches):
-                continue
-            for n in members[producer]:
-                owner[n] = fusion
-            members[fusion] = merged
-            del members[producer]
-    return [sorted(m, key=view.position.get) for m in members.values()]
+    return grow_clusters(view, candidates, lambda merged, owner, members: fusion_decision(
+        view, merged, owner, members, fetches))
