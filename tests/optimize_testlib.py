@@ -169,3 +169,41 @@ def fusion_stitch_nodes(graph_def) -> list:
     for f in graph_def.library.function:
         nodes += [n for n in f.node_def if n.op == "FusionStitch"]
     return nodes
+
+
+def quiet_call(fn, *args):
+    """Calls `fn`, failing on any RuntimeWarning: a fallback is a failure here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        return fn(*args)
+
+
+# Trained weights are compared normwise: |du_fused - du_TF|_2 <= UPDATE_RTOL |du_TF|_2
+# over the steps (tests/test_reference_models.py says why not elementwise).
+UPDATE_RTOL = 1e-4
+
+
+def assert_train_steps_match(case, reference, fused, opt, gen, steps: int = 3,
+                             batch_size: int = 4, name: str = "") -> None:
+    """`steps` optimized train steps of `fused` (a benchmarks/models model whose
+    `train_step` `opt` optimizes) give `reference`'s TF losses and weight
+    updates from identical initial weights; non-trainable weights (moving
+    statistics) elementwise; Adam ran in every fused step."""
+    initial = [w.numpy() for w in reference.model.weights]
+    for r, f in zip(initial, fused.model.weights):
+        np.testing.assert_array_equal(r, f.numpy(), err_msg="two builds differ")
+    for step in range(steps):
+        batch = reference.make_batch(gen, batch_size)
+        expected = reference.train_step(*batch.inputs, batch.labels)
+        actual = quiet_call(opt, *batch.inputs, batch.labels)
+        assert_same(case, actual, expected, "transcendental", msg=f"{name} loss {step}")
+    for r, f, before in zip(reference.model.weights, fused.model.weights, initial):
+        if r.trainable:
+            want, got = r.numpy() - before, f.numpy() - before
+            case.assertGreater(np.linalg.norm(want), 0.0, f"{r.path} was not trained")
+            error = np.linalg.norm(got - want) / np.linalg.norm(want)
+            case.assertLessEqual(error, UPDATE_RTOL, f"{name}: {r.path} update differs")
+        else:
+            assert_same(case, tf.convert_to_tensor(f), tf.convert_to_tensor(r),
+                        "transcendental", msg=r.path)
+    case.assertEqual(int(fused.optimizer.iterations), steps)

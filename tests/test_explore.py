@@ -10,14 +10,14 @@ more kernels than the greedy plan.
 
 import pathlib
 import sys
-import warnings
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 import tf_fusionstitch as fs
-from optimize_testlib import EPS, assert_same, fusion_stitch_nodes, random, rng, to_numpy
+from optimize_testlib import (EPS, assert_same, assert_train_steps_match, fusion_stitch_nodes,
+                              quiet_call, random, rng, to_numpy)
 from tf_fusionstitch.rewriters.clustering import creates_cycle
 from tf_fusionstitch.rewriters.graph_view import GraphView
 
@@ -28,12 +28,6 @@ HIDDEN = 32
 # layernorm-like results: two reductions of HIDDEN terms, an rsqrt and a few
 # products; |error| <= (n + 8) eps relative to the result's scale (DESIGN.md).
 _NORM_TOL = (HIDDEN + 8) * EPS["float32"]
-
-
-def _quiet_call(fn, *args):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)  # a fallback is a failure here
-        return fn(*args)
 
 
 def _layernorm(x, gamma, beta, eps=1e-5):
@@ -79,7 +73,7 @@ class ExplorePatternTest(tf.test.TestCase):
         kernels = {}
         for fusion in ("explore", "stitch"):
             opt = fs.optimize(fn, fusion=fusion)
-            actual = tf.nest.flatten(_quiet_call(opt, *args))
+            actual = tf.nest.flatten(quiet_call(opt, *args))
             report = opt.report()
             for a, e in zip(actual, expected):
                 assert_same(self, a, e, kind, msg=f"{fusion}\n{report}", **tolerance)
@@ -161,7 +155,7 @@ class NeighbourMergeTest(tf.test.TestCase):
         gen = rng(9590)
         args = (random(gen, (6, HIDDEN), "float32"), random(gen, (6, HIDDEN), "float32"))
         opt = fs.optimize(f, fusion="explore")
-        assert_same(self, _quiet_call(opt, *args), f(*args), "transcendental")
+        assert_same(self, quiet_call(opt, *args), f(*args), "transcendental")
         self.assertEqual(opt.report().kernels_after, 1, str(opt.report()))
         self.assertRegex(str(opt.report()),
                          r" [1-9]\d* neighbour merge\(s\), 0 kernel\(s\) packed")
@@ -182,7 +176,7 @@ class RemoteFusionTest(tf.test.TestCase):
         counts = {}
         for fusion in ("stitch", "explore"):
             opt = fs.optimize(f, fusion=fusion)
-            actual = _quiet_call(opt, *args)
+            actual = quiet_call(opt, *args)
             for a, e in zip(actual, expected):
                 assert_same(self, a, e, "transcendental", msg=fusion)
             counts[fusion] = (opt.report().kernels_after, len(fusion_stitch_nodes(opt.graph_def)))
@@ -202,7 +196,7 @@ class RemoteFusionTest(tf.test.TestCase):
         gen = rng(9610)
         args = (random(gen, (8, 8), "float32"), random(gen, (8, 8), "float32"))
         opt = fs.optimize(f, fusion="explore")
-        for a, e in zip(_quiet_call(opt, *args), f(*args)):
+        for a, e in zip(quiet_call(opt, *args), f(*args)):
             assert_same(self, a, e, "transcendental")
         # exp-relu chain and sigmoid-mul pack (both read only x); the chain
         # after the matmul cannot join them: 2 kernels.
@@ -219,7 +213,7 @@ class RemoteFusionTest(tf.test.TestCase):
         gen = rng(9615)
         args = tuple(random(gen, (8, 8), "float32") for _ in range(3))
         opt = fs.optimize(f, fusion="explore")
-        for a, e in zip(_quiet_call(opt, *args), f(*args)):
+        for a, e in zip(quiet_call(opt, *args), f(*args)):
             assert_same(self, a, e, "transcendental")
         # one of the two patterns; the other side's ops stay apart: 3 kernels
         self.assertEqual(opt.report().kernels_after, 3, str(opt.report()))
@@ -240,7 +234,7 @@ class RemoteFusionTest(tf.test.TestCase):
         gen = rng(9620)
         args = tuple(random(gen, (8, 8), "float32") for _ in range(3))
         opt = fs.optimize(f, fusion="explore")
-        for a, e in zip(_quiet_call(opt, *args), f(*args)):
+        for a, e in zip(quiet_call(opt, *args), f(*args)):
             assert_same(self, a, e, "transcendental")
         self.assertEqual(opt.report().kernels_after, 3, str(opt.report()))
 
@@ -277,7 +271,7 @@ class StatefulTest(tf.test.TestCase):
             x = random(gen, (4, 8), "float32")
             v_before = v.numpy()
             expected = ref_step(x)
-            actual = _quiet_call(opt, x)
+            actual = quiet_call(opt, x)
             for a, e in zip(actual, expected):
                 assert_same(self, a, e, "transcendental", msg=f"call {i}")
             np.testing.assert_array_equal(v.numpy(), v_before + to_numpy(x) * np.float32(0.5))
@@ -318,7 +312,7 @@ class OptionsTest(tf.test.TestCase):
         args = (random(gen, (6, HIDDEN), "float32"), random(gen, (HIDDEN,), "float32"),
                 random(gen, (HIDDEN,), "float32"))
         opt = fs.optimize(f, fusion="explore", explore_k=1, explore_beam=1)
-        assert_same(self, _quiet_call(opt, *args), f(*args), rtol=_NORM_TOL, atol=_NORM_TOL)
+        assert_same(self, quiet_call(opt, *args), f(*args), rtol=_NORM_TOL, atol=_NORM_TOL)
         self.assertIn("explore k=1 beam=1", str(opt.report()))
         self.assertEqual(opt.report().kernels_after, 1, str(opt.report()))
 
@@ -363,21 +357,8 @@ class ReferenceModelTest(tf.test.TestCase):
         Adam steps match TF (tolerances of test_reference_models.py)."""
         reference = models.build("bert", "tiny", seed=11)
         fused = models.build("bert", "tiny", seed=11)
-        initial = [w.numpy() for w in reference.model.weights]
         opt = fs.optimize(fused.train_step, fusion="explore")
-        gen = np.random.default_rng(12)
-        for step in range(3):
-            batch = reference.make_batch(gen, 4)
-            expected = reference.train_step(*batch.inputs, batch.labels)
-            actual = _quiet_call(opt, *batch.inputs, batch.labels)
-            assert_same(self, actual, expected, "transcendental", msg=f"loss {step}")
-        for r, f, before in zip(reference.model.weights, fused.model.weights, initial):
-            if r.trainable:
-                want, got = r.numpy() - before, f.numpy() - before
-                self.assertGreater(np.linalg.norm(want), 0.0, f"{r.path} was not trained")
-                error = np.linalg.norm(got - want) / np.linalg.norm(want)
-                self.assertLessEqual(error, 1e-4, f"{r.path} update differs")
-        self.assertEqual(int(fused.optimizer.iterations), 3)
+        assert_train_steps_match(self, reference, fused, opt, np.random.default_rng(12))
         report = opt.report()
         self.assertEmpty(report.fallbacks, str(report))
         self.assertIn("explore k=3 beam=3", str(report))

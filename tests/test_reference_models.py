@@ -28,26 +28,19 @@ Tolerances (float32, DESIGN.md Contracts), for these tiny sizes:
 import inspect
 import pathlib
 import sys
-import warnings
 
 import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
 import tf_fusionstitch as fs
-from optimize_testlib import assert_same, fusion_stitch_nodes
+from optimize_testlib import (assert_same, assert_train_steps_match, fusion_stitch_nodes,
+                              quiet_call)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from benchmarks import models  # noqa: E402  (the repository root, not an installed package)
 
-_UPDATE_RTOL = 1e-4
 _SEED = 11
-
-
-def _quiet_call(fn, *args):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)  # a fallback is a failure here
-        return fn(*args)
 
 
 class ReferenceModelTest(tf.test.TestCase, parameterized.TestCase):
@@ -66,7 +59,7 @@ class ReferenceModelTest(tf.test.TestCase, parameterized.TestCase):
         for batch_size in (3, 5):  # a new batch size reuses the trace and kernels
             batch = model.make_batch(gen, batch_size)
             expected = tf.nest.flatten(model.inference(*batch.inputs))
-            actual = tf.nest.flatten(_quiet_call(opt, *batch.inputs))
+            actual = tf.nest.flatten(quiet_call(opt, *batch.inputs))
             self.assertLen(actual, len(expected))
             for a, e in zip(actual, expected):
                 self.assertGreater(float(tf.reduce_max(tf.abs(e))), 0.0, "trivial output")
@@ -78,26 +71,9 @@ class ReferenceModelTest(tf.test.TestCase, parameterized.TestCase):
     def test_train_steps_match_tf(self, name):
         reference = models.build(name, "tiny", seed=_SEED)
         fused = models.build(name, "tiny", seed=_SEED)
-        initial = [w.numpy() for w in reference.model.weights]
-        for r, f in zip(initial, fused.model.weights):
-            np.testing.assert_array_equal(r, f.numpy(), err_msg="two builds differ")
         opt = fs.optimize(fused.train_step)
-        gen = np.random.default_rng(_SEED + 1)
-        for step in range(3):
-            batch = reference.make_batch(gen, 4)
-            expected = reference.train_step(*batch.inputs, batch.labels)
-            actual = _quiet_call(opt, *batch.inputs, batch.labels)
-            assert_same(self, actual, expected, "transcendental", msg=f"{name} loss {step}")
-        for r, f, before in zip(reference.model.weights, fused.model.weights, initial):
-            if r.trainable:
-                want, got = r.numpy() - before, f.numpy() - before
-                self.assertGreater(np.linalg.norm(want), 0.0, f"{r.path} was not trained")
-                error = np.linalg.norm(got - want) / np.linalg.norm(want)
-                self.assertLessEqual(error, _UPDATE_RTOL, f"{name}: {r.path} update differs")
-            else:
-                assert_same(self, tf.convert_to_tensor(f), tf.convert_to_tensor(r),
-                            "transcendental", msg=r.path)
-        self.assertEqual(int(fused.optimizer.iterations), 3)  # Adam ran in every fused step
+        assert_train_steps_match(self, reference, fused, opt, np.random.default_rng(_SEED + 1),
+                                 name=name)
         self._assert_fused_without_fallbacks(opt)
 
 
