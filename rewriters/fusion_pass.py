@@ -19,7 +19,8 @@ from typing import Callable, Dict, List, Set
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.report import ClusterReport
-from tf_fusionstitch.rewriters import clustering, explore, op_table, xla_like
+from tf_fusionstitch.rewriters import (clustering, explore, op_table, variable_updates,
+                                       xla_like)
 from tf_fusionstitch.rewriters.clustering import fusible_nodes
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.kernel_count import memory_intensive_kernels
@@ -56,6 +57,8 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
     if fusion not in FUSION_STRATEGIES:
         raise ValueError(f"fusion={fusion!r}: expected one of {', '.join(FUSION_STRATEGIES)}")
     before = memory_intensive_kernels(graph_def)  # of the graph as given, before any expansion
+    graph_def, types, _ = variable_updates.fold_variable_updates(
+        graph_def, types, op_table.is_memory_intensive)
     if fusion == "xla_like":
         graph_def, types = xla_like.expand_softmax(graph_def, types)
     view = GraphView(graph_def, types)
