@@ -23,12 +23,12 @@ from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
 
-from tf_fusionstitch import kernels
+from tf_fusionstitch import kernels, rewrite_cache
 from tf_fusionstitch.report import Report
 from tf_fusionstitch.rewriters import grappler, shapes
 from tf_fusionstitch.rewriters.fusion_pass import FUSION_STRATEGIES, run_fusion_pass
 from tf_fusionstitch.rewriters.graph_view import parse_input, tensor_name
-from tf_fusionstitch.runtime import cpu_compiler
+from tf_fusionstitch.runtime import cache, cpu_compiler
 
 _OPTIONS = {
     "min_cluster_ops": (int, 2, "smallest number of primitive ops worth a fused kernel"),
@@ -39,7 +39,11 @@ _OPTIONS = {
                "(FusionStitching's plan exploration with remote fusion)"),
     "explore_k": (int, 3, "fusion='explore': candidate patterns kept per op (1 to 8)"),
     "explore_beam": (int, 3, "fusion='explore': beam width of the plan search (1 to 16)"),
+    "rewrite_cache": (bool, True, "reuse the rewrite of an identical traced graph from the "
+                      "disk cache (tf_fusionstitch/rewrite_cache.py)"),
 }
+# Options that do not change the rewritten graph, so stay out of the rewrite cache's key.
+_NOT_IN_CACHE_KEY = ("rewrite_cache",)
 # Options that only mean something under one fusion strategy, and their ranges.
 _EXPLORE_RANGES = {"explore_k": (1, 8), "explore_beam": (1, 16)}
 # Options whose value must be one of a few.
@@ -172,10 +176,26 @@ class OptimizedFunction:
         graph_def = graph.as_graph_def()
         outputs = [t.name for t in concrete.outputs]
         control = [op.name for op in graph.control_outputs]
-        if self._options["grappler"]:
-            graph_def = grappler.run_grappler(graph_def, graph, outputs + control)
         hints = {t.name: tf.TensorSpec(t.shape, t.dtype)
                  for op in graph.get_operations() for t in op.outputs}
+        key = None
+        if self._options["rewrite_cache"]:
+            key = rewrite_cache.make_key(
+                graph_def.SerializeToString(deterministic=True), outputs, control,
+                "\n".join(f"{name} {spec.dtype.name} {spec.shape}"
+                          for name, spec in sorted(hints.items())),
+                {k: v for k, v in self._options.items() if k not in _NOT_IN_CACHE_KEY},
+                f"{tf.__version__} {tf.version.GIT_VERSION}")
+            entry = rewrite_cache.load(key, self._register,
+                                       timeout=self._options["compile_timeout"])
+            if entry is not None:
+                report = entry.report
+                report.function, report.signature = self._name, _signature_text(concrete)
+                report.cache_hit = True
+                report.rewrite_seconds = time.perf_counter() - start
+                return entry.graph_def, entry.output_names, report
+        if self._options["grappler"]:
+            graph_def = grappler.run_grappler(graph_def, graph, outputs + control)
         types = shapes.infer_types(graph_def, hints)
         fetches = set()
         for name in outputs:
@@ -196,6 +216,12 @@ class OptimizedFunction:
             kernels_after=result.kernels_after, compile_seconds=result.compile_seconds,
             compilations=cpu_compiler.compilations - compilations,
             rewrite_seconds=time.perf_counter() - start, unfused_ops=result.unfused_ops)
+        if key is not None and not report.fallbacks:
+            try:
+                rewrite_cache.store(key, result.graph_def, output_names, report)
+            except (cache.CacheError, OSError):
+                pass  # a plan not cached is only a slower next trace
+            report.rewrite_seconds = time.perf_counter() - start
         if report.fallbacks:
             first = report.fallbacks[0]
             warnings.warn(f"tf_fusionstitch: {len(report.fallbacks)} cluster(s) of "
@@ -206,8 +232,13 @@ class OptimizedFunction:
     def _build(self, cluster):
         from tf_fusionstitch.custom_ops import loader  # builds the op library once
         kernel = kernels.build_cpu_kernel(cluster, timeout=self._options["compile_timeout"])
-        loader.register_kernel(kernel.key, kernel.path, kernel.spec)
+        self._register(kernel)
         return kernel
+
+    @staticmethod
+    def _register(kernel):
+        from tf_fusionstitch.custom_ops import loader  # builds the op library once
+        loader.register_kernel(kernel.key, kernel.path, kernel.spec)
 
 
 def _file_stem(name: str) -> str:
@@ -230,7 +261,9 @@ def optimize(fn, **options) -> OptimizedFunction:
     ("stitch", the default; "xla_like": XLA's fusion rules, to compare;
     "explore": plan exploration, rewriters/explore.py), explore_k (candidate
     patterns per op, default 3) and explore_beam (beam width, default 3),
-    both for fusion="explore" only.
+    both for fusion="explore" only; rewrite_cache (bool, default True): reuse
+    the rewrite of an identical traced graph (same options, TensorFlow and
+    tf_fusionstitch code) from the disk cache, tf_fusionstitch/rewrite_cache.py.
     """
     if not isinstance(fn, (tf.types.experimental.GenericFunction,
                            tf.types.experimental.ConcreteFunction)):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Tuple
+import json
+import typing
+from typing import Any, List, Tuple
 
 
 @dataclasses.dataclass
@@ -32,6 +34,9 @@ class Report:
     unfused_ops: List[Tuple[str, str, str]] = dataclasses.field(default_factory=list)
     fusion: str = "stitch"             # the strategy that made this plan
     exploration: str = ""              # fusion="explore": options and what the search did
+    # The plan came from the rewrite cache (tf_fusionstitch/rewrite_cache.py):
+    # rewrite_seconds is then the time of the lookup and the kernels' reload.
+    cache_hit: bool = False
 
     @property
     def fused_clusters(self) -> List[ClusterReport]:
@@ -47,7 +52,8 @@ class Report:
                  f"{self.kernels_after} (fusion={self.fusion}, "
                  f"{len(self.fused_clusters)} FusionStitch)",
                  *([f"  {self.exploration}"] if self.exploration else []),
-                 f"  rewrite {self.rewrite_seconds:.2f} s, of which compile "
+                 f"  rewrite {self.rewrite_seconds:.2f} s"
+                 f"{' (rewrite cache hit)' if self.cache_hit else ''}, of which compile "
                  f"{self.compile_seconds:.2f} s ({self.compilations} compilations)"]
         for c in self.clusters:
             ops = ", ".join(t for _, t in c.tf_ops)
@@ -64,3 +70,44 @@ class Report:
             if len(self.unfused_ops) > 20:
                 lines.append(f"    ... and {len(self.unfused_ops) - 20} more")
         return "\n".join(lines)
+
+    def to_json(self) -> str:
+        """The report as JSON text (for the rewrite cache; never pickle)."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, allow_nan=False)
+
+    @staticmethod
+    def from_json(text: str) -> "Report":
+        """Inverse of to_json, driven by the fields' type annotations; raises
+        ValueError for anything that does not decode to a Report that
+        encodes back to the same JSON (a field type it cannot decode, too)."""
+        report = _decode(Report, json.loads(text))
+        if json.loads(report.to_json()) != json.loads(text):
+            raise ValueError("the report does not survive a JSON round trip")
+        return report
+
+
+def _decode(tp: Any, value: Any) -> Any:
+    """`value` (parsed JSON) as an instance of type `tp`: dataclasses, lists,
+    tuples and str/int/float/bool; any other type is refused."""
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        names = {f.name for f in dataclasses.fields(tp)}
+        if not isinstance(value, dict) or not set(value) <= names:
+            raise ValueError(f"not a {tp.__name__}: {value!r:.80}")
+        try:
+            return tp(**{k: _decode(hints[k], v) for k, v in value.items()})
+        except TypeError as e:  # a required field is missing
+            raise ValueError(f"not a {tp.__name__}: {e}") from None
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (list, tuple) and args and isinstance(value, list):
+        if origin is list:
+            return [_decode(args[0], v) for v in value]
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], v) for v in value)
+        if len(args) == len(value):
+            return tuple(_decode(a, v) for a, v in zip(args, value))
+    elif tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    elif tp in (str, int, bool) and type(value) is tp:
+        return value
+    raise ValueError(f"cannot decode {value!r:.80} as {tp}")

@@ -2,7 +2,8 @@
 
 Layout of the cache directory (user-owned, 0700):
 
-    <key><suffix>          the artifact (e.g. a kernel .so)
+    <key><suffix>          the artifact (a kernel .so; a rewritten graph, see
+                           tf_fusionstitch/rewrite_cache.py)
     <key><suffix>.sha256   its sha256, verified on every lookup
     <key><suffix>.lock     fcntl lock serialising builders of that key
 
@@ -91,6 +92,42 @@ def get_or_build(key: str, suffix: str,
         for stale in (artifact, sidecar):
             stale.unlink(missing_ok=True)
         _build_atomically(directory, artifact, sidecar, build_fn)
+    return artifact
+
+
+def read_verified(key: str, suffix: str) -> bytes | None:
+    """The bytes of <cache_dir>/<key><suffix> if present and matching its
+    sidecar hash, else None (missing, torn or altered entries read as absent).
+
+    The bytes are hashed as read, so a writer replacing the entry meanwhile
+    cannot pair old bytes with a new hash. Raises CacheError for an unsafe
+    cache directory, like get_or_build.
+    """
+    _check_name("key", key)
+    if suffix:
+        _check_name("suffix", suffix.lstrip("."))
+    directory = cache_dir()
+    try:
+        expected = (directory / f"{key}{suffix}.sha256").read_text(encoding="ascii").strip()
+        data = (directory / f"{key}{suffix}").read_bytes()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not expected or hashlib.sha256(data).hexdigest() != expected:
+        return None
+    return data
+
+
+def write_verified(key: str, suffix: str, data: bytes) -> pathlib.Path:
+    """Stores `data` as <cache_dir>/<key><suffix> with its sidecar hash,
+    atomically and under the key's lock; replaces whatever was there."""
+    _check_name("key", key)
+    if suffix:
+        _check_name("suffix", suffix.lstrip("."))
+    directory = cache_dir()
+    artifact = directory / f"{key}{suffix}"
+    sidecar = directory / f"{key}{suffix}.sha256"
+    with _KeyLock(directory / f"{key}{suffix}.lock"):
+        _build_atomically(directory, artifact, sidecar, lambda tmp: tmp.write_bytes(data))
     return artifact
 
 
