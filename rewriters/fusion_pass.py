@@ -7,6 +7,11 @@ follows XLA's rules, for comparison; "explore" (explore.py) searches fusion
 plans with FusionStitching's delta evaluator and packs independent kernels.
 Any cluster whose kernel cannot be generated, compiled or registered stays as
 TensorFlow ops; the reason goes to the report.
+
+The same pass then runs inside every function the graph calls (While bodies
+and conditions, If/Case branches, PartitionedCall bodies, recursively:
+function_bodies.py), so a recurrent layer's cell, run once per time step, is
+fused too; a function that cannot be rewritten stays as it was.
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ from typing import Callable, Dict, List, Set
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.report import ClusterReport
-from tf_fusionstitch.rewriters import (clustering, explore, op_table, variable_updates,
-                                       xla_like)
+from tf_fusionstitch.rewriters import (clustering, explore, function_bodies, op_table,
+                                       variable_updates, xla_like)
 from tf_fusionstitch.rewriters.clustering import fusible_nodes
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.kernel_count import memory_intensive_kernels
@@ -40,6 +45,14 @@ class PassResult:
     compile_seconds: float
     unfused_ops: list
     exploration: str = ""          # fusion="explore": what the search did
+    # The pass inside functions the graph calls (function_bodies.py): one
+    # FunctionReport per reachable function, and the memory-intensive kernels
+    # of those bodies, per call, before and after (kernels_before/after count
+    # the graph's own nodes only). Their clusters are in `clusters` too, named
+    # "function/node".
+    functions: list = dataclasses.field(default_factory=list)
+    body_kernels_before: int = 0
+    body_kernels_after: int = 0
 
 
 def _prims(c: ir.Cluster) -> int:
@@ -56,6 +69,37 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
     candidate patterns per vertex and beam width."""
     if fusion not in FUSION_STRATEGIES:
         raise ValueError(f"fusion={fusion!r}: expected one of {', '.join(FUSION_STRATEGIES)}")
+
+    def run_pass(gd, gd_types, gd_fetches):
+        return _fuse_graph(gd, gd_types, gd_fetches, build, min_cluster_ops, fusion,
+                           explore_k, explore_beam)
+
+    result = run_pass(graph_def, types, fetches)
+    if not graph_def.library.function:
+        return result
+    new_gd, functions, body_results = function_bodies.rewrite_function_bodies(
+        result.graph_def, types, run_pass)
+    result.graph_def = new_gd
+    result.functions = functions
+    for f in functions:
+        result.body_kernels_before += f.kernels_before
+        result.body_kernels_after += f.kernels_after
+        if f.reason:
+            result.clusters.append(ClusterReport(f"function {f.name}", [], False,
+                                                 reason=f.reason))
+        body = body_results.get(f.name)
+        if body is None or not f.rewritten:
+            continue
+        result.compile_seconds += body.compile_seconds
+        for c in body.clusters:
+            c.name = f"{f.name}/{c.name}"
+            result.clusters.append(c)
+    return result
+
+
+def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: int,
+                fusion: str, explore_k: int, explore_beam: int) -> PassResult:
+    """The pass over `graph_def`'s own nodes."""
     before = memory_intensive_kernels(graph_def)  # of the graph as given, before any expansion
     graph_def, types, _ = variable_updates.fold_variable_updates(
         graph_def, types, op_table.is_memory_intensive)

@@ -1,0 +1,514 @@
+"""The fusion pass inside functions the graph calls: While/StatelessWhile bodies
+and conditions, If/StatelessIf/Case branches, PartitionedCall and
+StatefulPartitionedCall bodies, and, recursively, the functions those call.
+
+A recurrent layer (Keras GRU/LSTM on CPU) runs its cell as a `While` whose body
+is a FunctionDef in graph_def.library, and its gradient as a second `While`;
+every elementwise op of the cell runs once per time step, so on CPU the per-op
+overhead inside loops dominates. Each reachable function is converted to a
+GraphDef (one Placeholder per argument, shaped from its call sites), typed by
+TF's shape inference (rewriters/shapes.py), rewritten by the same fusion pass
+with its return values and control outputs as fetches, and converted back to a
+FunctionDef with the same signature, attributes, argument and resource
+attributes and control outputs.
+
+A rewritten function gets a new name (the old one plus a hash of the new
+definition), and so does every function that calls one, up to the graph's own
+call nodes, whose attributes are updated: the original definitions may
+already be registered under their names in the eager context (the original
+tf.function ran), and TensorFlow refuses a second, different definition under
+a name it knows. The originals stay in the library.
+
+Input shapes of a function: a While's `output_shapes` (the loop's shape
+invariants) for its body and condition, else the types of the caller's inputs;
+a function called from several places gets, per argument, the dimensions all
+its call sites agree on. Callers are processed before their callees, so a
+callee's shapes come from its callers' bodies.
+
+Any failure for one function (conversion, shape inference, the pass, the
+check of the result) leaves that function as it was, with the reason in the
+report; the rest still rewrite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, types_pb2
+from tensorflow.python.eager import context
+from tensorflow.python.framework import op_def_registry
+
+from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch.rewriters import shapes as shape_inference
+from tf_fusionstitch.rewriters.graph_view import Tensor, parse_input
+from tf_fusionstitch.rewriters.kernel_count import memory_intensive_kernels
+
+WHILE_OPS = ("While", "StatelessWhile")
+
+# Each function-valued attribute of a call op and which of the caller's inputs
+# the function receives (a slice start).
+_FUNC_ATTRS = {
+    "While": {"body": 0, "cond": 0},
+    "StatelessWhile": {"body": 0, "cond": 0},
+    "If": {"then_branch": 1, "else_branch": 1},
+    "StatelessIf": {"then_branch": 1, "else_branch": 1},
+    "Case": {"branches": 1},
+    "StatelessCase": {"branches": 1},
+    "PartitionedCall": {"f": 0},
+    "StatefulPartitionedCall": {"f": 0},
+}
+
+Shape = Optional[Tuple[Optional[int], ...]]   # None: unknown rank
+
+
+@dataclasses.dataclass
+class FunctionReport:
+    """What the pass did inside one function the graph calls."""
+    name: str                       # the function's original name
+    new_name: str = ""              # its name in the rewritten library ('' if unchanged)
+    kernels_before: int = 0         # memory-intensive kernels of the body, per call
+    kernels_after: int = 0
+    fused_clusters: int = 0
+    reason: str = ""                # why it stayed as it was, when it did (a failure)
+
+    @property
+    def rewritten(self) -> bool:
+        return bool(self.new_name)
+
+
+# run_pass(body graph_def, types, fetches) -> PassResult (fusion_pass.py)
+RunPass = Callable[[object, Dict[Tensor, Optional[ir.TensorType]], Set[Tensor]], object]
+
+
+def called_functions(node, library_names: Set[str]) -> List[Tuple[str, str, int]]:
+    """(attr, function name, first caller input it receives) of each function
+    `node` calls; a node whose op is itself a library function calls it with
+    all its inputs."""
+    calls = []
+    if node.op in library_names:
+        calls.append(("", node.op, 0))
+    for attr, start in _FUNC_ATTRS.get(node.op, {}).items():
+        if attr not in node.attr:
+            continue
+        value = node.attr[attr]
+        if value.HasField("func"):
+            calls.append((attr, value.func.name, start))
+        else:
+            calls.extend((attr, f.name, start) for f in value.list.func)
+    return calls
+
+
+def _shape_tuple(t: Optional[ir.TensorType]) -> Shape:
+    return None if t is None else tuple(t.shape)
+
+
+def _proto_shape(p) -> Shape:
+    if p.unknown_rank:
+        return None
+    return tuple(None if d.size < 0 else d.size for d in p.dim)
+
+
+def _site_shapes(node, start: int, types) -> List[Shape]:
+    """Input shapes of the function a call node calls from input `start` on."""
+    data = [parse_input(s) for s in node.input if not s.startswith("^")][start:]
+    shapes = [_shape_tuple(types.get((src, port))) for src, port, _ in data]
+    if node.op in WHILE_OPS:
+        # The loop's shape invariants hold on every iteration; the first
+        # iteration's inputs may be more specific than later ones.
+        invariant = [_proto_shape(p) for p in node.attr["output_shapes"].list.shape] \
+            if "output_shapes" in node.attr else []
+        if len(invariant) != len(shapes):
+            return [None] * len(shapes)
+        return invariant
+    return shapes
+
+
+def _merge(a: Shape, b: Shape) -> Shape:
+    """The dimensions two shapes agree on."""
+    if a is None or b is None or len(a) != len(b):
+        return None
+    return tuple(x if x == y else None for x, y in zip(a, b))
+
+
+def function_to_graph_def(fdef, input_shapes: Sequence[Shape], library, versions):
+    """(GraphDef with one Placeholder per argument and the body's nodes in
+    GraphDef naming, {nested tensor name: flat name}). `library` goes along so
+    nested calls resolve on import; `versions` too (a GraphDef without a
+    producer version reads a Placeholder's scalar shape as unknown)."""
+    gd = graph_pb2.GraphDef()
+    gd.versions.CopyFrom(versions)
+    gd.library.CopyFrom(library)
+    names = {}
+    for arg, shape in zip(fdef.signature.input_arg, input_shapes):
+        node = gd.node.add()
+        node.name = arg.name
+        node.op = "Placeholder"
+        node.attr["dtype"].type = arg.type
+        if shape is not None and arg.type != types_pb2.DT_RESOURCE:
+            # (an AttrValue built whole: copying an empty proto into
+            # attr["shape"].shape would leave a scalar's attribute unset)
+            node.attr["shape"].CopyFrom(
+                attr_value_pb2.AttrValue(shape=tf.TensorShape(list(shape)).as_proto()))
+        names[arg.name] = f"{arg.name}:0"
+        names["^" + arg.name] = "^" + arg.name
+    signatures = {f.signature.name: f.signature for f in library.function}
+    for node in fdef.node_def:
+        op_def = _op_def(node.op, signatures)
+        flat = 0
+        for arg in op_def.output_arg:
+            for i in range(_num_args(arg, node)):
+                names[f"{node.name}:{arg.name}:{i}"] = f"{node.name}:{flat}"
+                flat += 1
+        names["^" + node.name] = "^" + node.name
+    for node in fdef.node_def:
+        new = gd.node.add()
+        new.CopyFrom(node)
+        del new.input[:]
+        for s in node.input:
+            if s not in names:
+                raise ValueError(f"node {node.name} reads {s!r}, which the function lacks")
+            new.input.append(names[s])
+    return gd, names
+
+
+def graph_def_to_function(gd, original, tensor_map: Dict[Tensor, str], names: Dict[str, str]):
+    """The FunctionDef of rewritten body `gd`: `original`'s signature, attributes,
+    argument attributes, resource ids and control outputs, with return values
+    and control outputs mapped through the fusion pass's `tensor_map`."""
+    args = {a.name for a in original.signature.input_arg}
+    signatures = {f.signature.name: f.signature for f in gd.library.function}
+    nodes = {n.name: n for n in gd.node if n.name not in args}
+    out_names: Dict[str, List[str]] = {}
+
+    def nested(flat: str) -> str:
+        src, port, ctrl = parse_input(flat)
+        if ctrl:
+            return "^" + src
+        if src in args:
+            if port != 0:
+                raise ValueError(f"argument {src} has one output, {flat!r} is read")
+            return src
+        if src not in out_names:
+            node = nodes.get(src)
+            if node is None:
+                raise ValueError(f"{flat!r} names no node of the function")
+            op_def = _op_def(node.op, signatures)
+            out_names[src] = [f"{arg.name}:{i}" for arg in op_def.output_arg
+                              for i in range(_num_args(arg, node))]
+        outs = out_names[src]
+        if port >= len(outs):
+            raise ValueError(f"{flat!r}: {src} has {len(outs)} outputs")
+        return f"{src}:{outs[port]}"
+
+    fdef = function_pb2.FunctionDef()
+    fdef.signature.CopyFrom(original.signature)
+    for key in original.attr:
+        fdef.attr[key].CopyFrom(original.attr[key])
+    for k in original.arg_attr:
+        fdef.arg_attr[k].CopyFrom(original.arg_attr[k])
+    for k, v in original.resource_arg_unique_id.items():
+        fdef.resource_arg_unique_id[k] = v
+    for node in gd.node:
+        if node.name in args:
+            continue
+        new = fdef.node_def.add()
+        new.CopyFrom(node)
+        del new.input[:]
+        new.input.extend(nested(s) for s in node.input)
+    for out, value in original.ret.items():
+        src, port, _ = parse_input(names[value])
+        mapped = tensor_map.get((src, port))
+        fdef.ret[out] = nested(mapped) if mapped is not None else nested(names[value])
+    for key, node_name in original.control_ret.items():
+        if node_name not in nodes:
+            mapped = tensor_map.get((node_name, 0))
+            if mapped is None:
+                raise ValueError(f"control output {node_name} was fused away")
+            node_name = parse_input(mapped)[0]
+        fdef.control_ret[key] = node_name
+    return fdef
+
+
+def _op_def(op: str, signatures):
+    if op in signatures:
+        return signatures[op]
+    op_def = op_def_registry.get(op)
+    if op_def is None:
+        raise ValueError(f"op {op} is not registered")
+    return op_def
+
+
+def _num_args(arg, node) -> int:
+    if arg.number_attr:
+        return node.attr[arg.number_attr].i
+    if arg.type_list_attr:
+        return len(node.attr[arg.type_list_attr].list.type)
+    return 1
+
+
+def _check(fdef, library) -> None:
+    """Builds a graph from the rewritten FunctionDef, as TF will when it runs
+    it: every node's inputs resolve and shape inference accepts it."""
+    from tensorflow.python.framework import function_def_to_graph
+    g = tf.Graph()
+    with g.as_default():
+        lib = graph_pb2.GraphDef()
+        lib.library.CopyFrom(library)
+        tf.graph_util.import_graph_def(lib, name="")
+        function_def_to_graph.function_def_to_graph(fdef)
+
+
+def _digest(fdef) -> str:
+    return hashlib.sha256(fdef.SerializeToString(deterministic=True)).hexdigest()[:10]
+
+
+# Ops whose output (port) is an element of the TensorList they read (input 0).
+_LIST_READS = {"TensorListPopBack": 1, "TensorListGetItem": 0}
+_HINT_ROUNDS = 3
+
+
+def _handle_types(gd, order, types, arg_handles, call_handles):
+    """The type of what each resource or TensorList tensor holds (a variable's
+    value, a list's element), where known: from the reads of a variable, the
+    tensors pushed into a list, the lists' sources, and `arg_handles` (the
+    arguments') and `call_handles` ({node: [per output]}, call nodes)."""
+    nodes = {n.name: n for n in gd.node}
+    handles: Dict[Tensor, ir.TensorType] = dict(arg_handles)
+
+    def data(node):
+        return [parse_input(s)[:2] for s in node.input if not s.startswith("^")]
+
+    def put(t, value):
+        if value is not None and t not in handles:
+            handles[t] = value
+
+    for name in order:
+        node = nodes[name]
+        ins = data(node)
+        if node.op == "ReadVariableOp" and ins:
+            put(ins[0], types.get((name, 0)))
+        elif node.op in ("TensorListPushBack", "TensorListSetItem") and ins:
+            put((name, 0), handles.get(ins[0]) or types.get(ins[-1]))
+        elif node.op in ("TensorListPopBack", "Identity") and ins:
+            put((name, 0), handles.get(ins[0]))
+        elif node.op == "TensorListFromTensor" and ins:
+            t = types.get(ins[0])
+            if t is not None and len(t.shape) >= 1:
+                put((name, 0), ir.TensorType(t.dtype, tuple(t.shape[1:])))
+        elif name in call_handles:
+            for k, value in enumerate(call_handles[name]):
+                put((name, k), value)
+    return handles
+
+
+def _read_hints(gd, handles) -> Dict[str, tf.TensorSpec]:
+    """Shape hints for the outputs of reads of variables and lists whose
+    contents are known: shape inference cannot see into an argument handle."""
+    hints = {}
+    for node in gd.node:
+        ins = [parse_input(s)[:2] for s in node.input if not s.startswith("^")]
+        port = 0 if node.op == "ReadVariableOp" else _LIST_READS.get(node.op)
+        if port is None or not ins or ins[0] not in handles:
+            continue
+        t = handles[ins[0]]
+        hints[f"{node.name}:{port}"] = tf.TensorSpec(list(t.shape), t.dtype)
+    return hints
+
+
+def _merge_handles(a: Optional[ir.TensorType], b: Optional[ir.TensorType]):
+    if a is None or b is None or a.dtype != b.dtype:
+        return None
+    shape = _merge(a.shape, b.shape)
+    return None if shape is None else ir.TensorType(a.dtype, shape)
+
+
+def rewrite_function_bodies(graph_def, types, run_pass: RunPass):
+    """Runs `run_pass` inside every function `graph_def` calls. Returns (new
+    GraphDef, [FunctionReport], {function name: PassResult} of the rewritten
+    functions). `types` are the graph's own tensor types."""
+    from tf_fusionstitch.rewriters.graph_view import GraphView
+
+    library = graph_def.library
+    fdefs = {f.signature.name: f for f in library.function}
+    names = set(fdefs)
+    reports: Dict[str, FunctionReport] = {}
+    results: Dict[str, object] = {}
+    new_defs: Dict[str, function_pb2.FunctionDef] = {}
+    seen: Dict[str, tuple] = {}           # function -> (shapes, handles) it was processed for
+    rets: Dict[str, list] = {}            # function -> handle type of each return value
+    callees: Dict[str, List[str]] = {}
+    order: List[str] = []
+
+    def walk(caller, gd, gd_types, arg_handles):
+        """Processes every function `gd` calls, in its topological order (a
+        call's outputs may hold lists a later call reads); returns the
+        handle types of gd's tensors."""
+        view_order = GraphView(gd, gd_types).order
+        nodes = {n.name: n for n in gd.node}
+        call_handles: Dict[str, list] = {}
+        handles = _handle_types(gd, view_order, gd_types, arg_handles, call_handles)
+        for name in view_order:
+            node = nodes[name]
+            calls = [c for c in called_functions(node, names) if c[1] in fdefs]
+            if not calls:
+                continue
+            handles = _handle_types(gd, view_order, gd_types, arg_handles, call_handles)
+            data = [parse_input(s)[:2] for s in node.input if not s.startswith("^")]
+            outs = None
+            for attr, fname, start in calls:
+                callees.setdefault(caller, []).append(fname)
+                in_handles = [handles.get(t) for t in data[start:]]
+                ret = process(fname, _site_shapes(node, start, gd_types), in_handles,
+                              f"{caller or 'the graph'}/{name}")
+                if attr in ("cond",):
+                    continue
+                if node.op in WHILE_OPS and ret is not None:
+                    ret = [_merge_handles(a, b) if a is not None else b
+                           for a, b in zip(in_handles, ret)]
+                if outs is None:
+                    outs = ret
+                elif ret is not None:   # branches: what they all agree on
+                    outs = [a if a == b else None for a, b in zip(outs, ret)]
+            if outs:
+                call_handles[name] = outs
+        return _handle_types(gd, view_order, gd_types, arg_handles, call_handles)
+
+    def process(fname, shapes, in_handles, where):
+        fdef = fdefs[fname]
+        n = len(fdef.signature.input_arg)
+        if len(shapes) != n or len(in_handles) != n:
+            reports.setdefault(fname, FunctionReport(fname)).reason = (
+                f"not converted: {where} passes {len(shapes)} inputs, it takes {n}")
+            return None
+        if fname in seen:
+            if seen[fname] != (shapes, in_handles) and fname in new_defs:
+                # Another call with other shapes: keep the original for all.
+                del new_defs[fname]
+                r = reports[fname]
+                r.reason = f"not rewritten: {where} calls it with other input shapes"
+                r.kernels_after, r.fused_clusters = r.kernels_before, 0
+            return rets.get(fname)
+        seen[fname] = (shapes, in_handles)
+        order.append(fname)
+        report = reports.setdefault(fname, FunctionReport(fname))
+        args = [a.name for a in fdef.signature.input_arg]
+        arg_handles = {(a, 0): h for a, h in zip(args, in_handles) if h is not None}
+        try:
+            body, flat_names = function_to_graph_def(fdef, shapes, library, graph_def.versions)
+            hints: Dict[str, tf.TensorSpec] = {}
+            for _ in range(_HINT_ROUNDS):
+                body_types = shape_inference.infer_types(body, hints)
+                handles = _handle_types(body, GraphView(body, body_types).order, body_types,
+                                        arg_handles, {})
+                more = _read_hints(body, handles)
+                if more == hints:
+                    break
+                hints = more
+        except Exception as e:  # noqa: BLE001  (any failure: the function stays)
+            report.reason = f"not converted: {type(e).__name__}: {e}"
+            return None
+        try:
+            handles = walk(fname, body, body_types, arg_handles)
+        except Exception as e:  # noqa: BLE001
+            report.reason = f"not converted: {type(e).__name__}: {e}"
+            return None
+        ret_tensors = [parse_input(flat_names[fdef.ret[a.name]])[:2]
+                       for a in fdef.signature.output_arg]
+        rets[fname] = [handles.get(t) for t in ret_tensors]
+        report.kernels_before = report.kernels_after = memory_intensive_kernels(body)
+        try:
+            fetches = set(ret_tensors)
+            for node_name in fdef.control_ret.values():
+                fetches.add((node_name, 0))
+            result = run_pass(body, body_types, fetches)
+            n_fused = sum(n.op == "FusionStitch" for n in result.graph_def.node)
+            results[fname] = result
+            if n_fused == 0:
+                return rets[fname]
+            new = graph_def_to_function(result.graph_def, fdef, result.tensor_map, flat_names)
+            _check(new, library)
+        except Exception as e:  # noqa: BLE001
+            report.reason = f"not rewritten: {type(e).__name__}: {e}"
+            return rets[fname]
+        new_defs[fname] = new
+        report.kernels_after = memory_intensive_kernels(result.graph_def)
+        report.fused_clusters = n_fused
+        return rets[fname]
+
+    walk("", graph_def, types, {})
+
+    if not new_defs:
+        return graph_def, list(reports.values()), results
+
+    # Rename rewritten functions and, transitively, their callers (callees
+    # come after their callers in `order`).
+    renamed: Dict[str, str] = {}
+    for fname in reversed(order):
+        fdef = new_defs.get(fname)
+        refs = {c for c in callees.get(fname, []) if c in renamed}
+        if fdef is None and not refs:
+            continue
+        if fdef is None:
+            fdef = function_pb2.FunctionDef()
+            fdef.CopyFrom(fdefs[fname])
+        for node in fdef.node_def:
+            _rename_calls(node, renamed, names)
+        new_name = f"{fname}_fs{_digest(fdef)}"
+        fdef.signature.name = new_name
+        new_defs[fname] = fdef
+        renamed[fname] = new_name
+        reports.setdefault(fname, FunctionReport(fname)).new_name = new_name
+
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    for node in out.node:
+        _rename_calls(node, renamed, names)
+    existing = set(names)
+    for fname in reversed(order):  # callees first
+        if fname in renamed and renamed[fname] not in existing:
+            out.library.function.add().CopyFrom(new_defs[fname])
+            existing.add(renamed[fname])
+    register_functions(out)
+    return out, list(reports.values()), results
+
+
+def register_functions(graph_def) -> None:
+    """Registers with the eager runtime every function of `graph_def`'s library
+    it does not know yet. A GraphDef imported inside a tf.function does not
+    register its library's functions (the originals are known because the
+    original function was traced); the rewritten ones must be, or the first
+    call fails with "Op type not registered '<function>_fs...'". Whoever runs a
+    rewritten GraphDef loaded from elsewhere (a cache) calls this first."""
+    ctx = context.context()
+    for fdef in graph_def.library.function:
+        if not ctx.has_function(fdef.signature.name):
+            ctx.add_function_def(fdef)
+
+
+def all_nodes(graph_def):
+    """The graph's nodes and those of every function in its library: where
+    FusionStitch nodes are (their kernels must be registered before a run)."""
+    yield from graph_def.node
+    for fdef in graph_def.library.function:
+        yield from fdef.node_def
+
+
+def _rename_calls(node, renamed: Dict[str, str], names: Set[str]) -> None:
+    if node.op in renamed:
+        node.op = renamed[node.op]
+    for attr in _FUNC_ATTRS.get(node.op, {}):
+        if attr not in node.attr:
+            continue
+        value = node.attr[attr]
+        if value.HasField("func"):
+            if value.func.name in renamed:
+                value.func.name = renamed[value.func.name]
+        else:
+            for f in value.list.func:
+                if f.name in renamed:
+                    f.name = renamed[f.name]
+
+
