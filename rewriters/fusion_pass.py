@@ -103,6 +103,7 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
     before = memory_intensive_kernels(graph_def)  # of the graph as given, before any expansion
     graph_def, types, _ = variable_updates.fold_variable_updates(
         graph_def, types, op_table.is_memory_intensive)
+    graph_def, _ = variable_updates.forward_assigned_reads(graph_def, fetches)
     if fusion == "xla_like":
         graph_def, types = xla_like.expand_softmax(graph_def, types)
     view = GraphView(graph_def, types)

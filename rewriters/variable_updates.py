@@ -1,5 +1,9 @@
-"""Turn a variable's add/sub update into a plain assignment of a computed value,
-so the arithmetic can join the fused kernel that computes the update.
+"""Variable updates the fusion pass can take into its kernels.
+
+1. A variable's add/sub update becomes a plain assignment of a computed value,
+   so the arithmetic can join the fused kernel that computes the update.
+2. A read right after an assignment takes the assigned value directly, so the
+   kernel that computed it can also compute what reads it.
 
 `AssignAddVariableOp(v, delta)` reads the variable, adds and writes back in
 place: one more pass over memory after the kernel that wrote `delta`. It is
@@ -31,16 +35,61 @@ rejects.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from tensorflow.core.framework import graph_pb2, types_pb2
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.rewriters.graph_view import Tensor, parse_input
+from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor, parse_input
 
 UPDATES = {"AssignAddVariableOp": "AddV2", "AssignSubVariableOp": "Sub"}
 _FLOAT_TYPES = (types_pb2.DT_HALF, types_pb2.DT_BFLOAT16, types_pb2.DT_FLOAT,
                 types_pb2.DT_DOUBLE)
+# Ops whose effect on a variable is known: reads, writes, and aliases of the
+# handle. A variable also reached by any other op (a function call, a loop)
+# keeps its updates as they are.
+_RESOURCE_OPS = frozenset({
+    "ReadVariableOp", "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
+    "ResourceGather", "ResourceGatherNd", "VariableShape", "VarIsInitializedOp", "Identity",
+})
+
+
+class _Variables:
+    """The ops on each variable of a graph: handles are followed through
+    Identity to their root (a placeholder or VarHandleOp)."""
+
+    def __init__(self, graph_def):
+        nodes = {n.name: n for n in graph_def.node}
+        self.root: Dict[Tensor, Tensor] = {}
+        self.ops: Dict[Tensor, List[str]] = {}
+        self.untracked: Set[Tensor] = set()
+        consumers: Dict[Tensor, List[str]] = {}
+        for n in graph_def.node:
+            for s in n.input:
+                src, port, ctrl = parse_input(s)
+                if not ctrl:
+                    consumers.setdefault((src, port), []).append(n.name)
+        for n in graph_def.node:
+            if n.op in ("Placeholder", "VarHandleOp") and \
+                    n.attr["dtype"].type == types_pb2.DT_RESOURCE:
+                self._walk((n.name, 0), (n.name, 0), nodes, consumers)
+
+    def _walk(self, root: Tensor, handle: Tensor, nodes, consumers) -> None:
+        self.root[handle] = root
+        for name in consumers.get(handle, []):
+            op = nodes[name].op
+            if op not in _RESOURCE_OPS:
+                self.untracked.add(root)
+            elif op == "Identity":
+                self._walk(root, (name, 0), nodes, consumers)
+            else:
+                self.ops.setdefault(root, []).append(name)
+
+    def of(self, node) -> Optional[Tensor]:
+        """The variable `node` acts on, if every op on it is known."""
+        src, port, _ = parse_input(node.input[0])
+        root = self.root.get((src, port))
+        return None if root is None or root in self.untracked else root
 
 
 def fold_variable_updates(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
@@ -48,44 +97,55 @@ def fold_variable_updates(graph_def, types: Dict[Tensor, Optional[ir.TensorType]
     """(GraphDef, types, number of updates rewritten). `fusible_op(op_type)`
     says whether the fusion pass may fuse an op of that type."""
     producers = {n.name: n for n in graph_def.node}
-    read_types = _variable_types(graph_def, types)
+    variables = _Variables(graph_def)
+    read_types = _variable_types(graph_def, types, variables)
+    updates = [n for n in graph_def.node
+               if _foldable(n, producers, types, read_types, variables, fusible_op)]
+    if not updates:
+        return graph_def, types, 0
+    position = {name: i for i, name in enumerate(GraphView(graph_def, types).order)}
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
     del out.node[:]
     types = dict(types)
     taken: Set[str] = set(producers)
-    rewritten = 0
+    folded = {n.name for n in updates}
     for node in graph_def.node:
-        if not _foldable(node, producers, types, read_types, fusible_op):
+        if node.name not in folded:
             out.node.add().CopyFrom(node)
             continue
-        _fold_one(node, out, types, taken)
-        rewritten += 1
-    return out, types, rewritten
+        # The new read follows every op on the variable that precedes the
+        # update in topological order: TF ordered them before it, though
+        # Grappler may have dropped the direct control edge for a longer path.
+        earlier = sorted((p for p in variables.ops[variables.of(node)]
+                          if p != node.name and position[p] < position[node.name]),
+                         key=position.get)
+        _fold_one(node, out, types, taken, ["^" + p for p in earlier])
+    return out, types, len(updates)
 
 
-def _variable_types(graph_def, types) -> Dict[str, ir.TensorType]:
-    """Resource tensor name -> the type its reads have, where that is static."""
-    found: Dict[str, ir.TensorType] = {}
+def _variable_types(graph_def, types, variables: _Variables) -> Dict[Tensor, ir.TensorType]:
+    """Variable -> the type its reads have, where that is static."""
+    found: Dict[Tensor, ir.TensorType] = {}
     for n in graph_def.node:
-        if n.op == "ReadVariableOp" and n.input:
+        if n.op == "ReadVariableOp" and n.input and variables.of(n) is not None:
             t = types.get((n.name, 0))
             if t is not None and None not in t.shape:
-                found[n.input[0]] = t
+                found[variables.of(n)] = t
     return found
 
 
-def _foldable(node, producers, types, read_types, fusible_op) -> bool:
+def _foldable(node, producers, types, read_types, variables: _Variables, fusible_op) -> bool:
     if node.op not in UPDATES or node.attr["dtype"].type not in _FLOAT_TYPES:
         return False
-    if len(node.input) < 2 or node.input[1].startswith("^"):
+    if len(node.input) < 2 or node.input[1].startswith("^") or variables.of(node) is None:
         return False
     src, port, _ = parse_input(node.input[1])
     # The add would broadcast a delta that TF's in-place update rejects, so
     # both shapes must be known and equal (a variable's shape is static).
     return fusible_op(producers[src].op) and \
         types.get((src, port)) is not None and \
-        types[(src, port)] == read_types.get(node.input[0])
+        types[(src, port)] == read_types.get(variables.of(node))
 
 
 def _fresh(base: str, taken: Set[str]) -> str:
@@ -96,7 +156,7 @@ def _fresh(base: str, taken: Set[str]) -> str:
     return name
 
 
-def _fold_one(node, out, types, taken: Set[str]) -> None:
+def _fold_one(node, out, types, taken: Set[str], after: List[str]) -> None:
     resource, delta = node.input[0], node.input[1]
     control = [s for s in node.input[2:] if s.startswith("^")]
     dtype = node.attr["dtype"].type
@@ -105,7 +165,7 @@ def _fold_one(node, out, types, taken: Set[str]) -> None:
     read = out.node.add()
     read.name, read.op, read.device = _fresh(f"{node.name}/fs_read", taken), \
         "ReadVariableOp", node.device
-    read.input.extend([resource] + control)
+    read.input.extend([resource] + list(dict.fromkeys(control + after)))
     read.attr["dtype"].type = dtype
 
     update = out.node.add()
@@ -127,3 +187,52 @@ def _fold_one(node, out, types, taken: Set[str]) -> None:
     value_type = types[(src, port)]
     types[(read.name, 0)] = value_type
     types[(update.name, 0)] = value_type
+
+
+def forward_assigned_reads(graph_def, fetches: Set[Tensor]) -> Tuple[object, int]:
+    """(GraphDef, number of reads removed): a ReadVariableOp ordered right after
+    an AssignVariableOp of the same variable (the only op on that variable
+    among its control inputs) reads the value just assigned, so its readers
+    take that value directly and its control dependents wait for the
+    assignment. The kernel that computed the value can then also compute
+    what reads it: Adam's weight update joins its moment updates. Fetched
+    reads stay."""
+    nodes = {n.name: n for n in graph_def.node}
+    variables = _Variables(graph_def)
+    fetched = {name for name, _ in fetches}
+    forwarded: Dict[str, object] = {}  # read -> the assignment it follows
+    for n in graph_def.node:
+        if n.op != "ReadVariableOp" or n.name in fetched or variables.of(n) is None:
+            continue
+        writers = [nodes[s[1:]] for s in n.input[1:] if s.startswith("^")]
+        same = [w for w in writers if w.op in _RESOURCE_OPS and w.op != "Identity"
+                and variables.of(w) == variables.of(n)]
+        if len(same) == 1 and same[0].op == "AssignVariableOp" and \
+                same[0].attr["dtype"].type == n.attr["dtype"].type:
+            forwarded[n.name] = same[0]
+    if not forwarded:
+        return graph_def, 0
+
+    def remap(s: str) -> str:
+        src, port, ctrl = parse_input(s)
+        if src not in forwarded:
+            return s
+        assign = forwarded[src]
+        return "^" + assign.name if ctrl else remap(assign.input[1])
+
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    del out.node[:]
+    for n in graph_def.node:
+        if n.name in forwarded:
+            continue
+        new = out.node.add()
+        new.CopyFrom(n)
+        inputs = [remap(s) for s in n.input]
+        # Control edges after data edges, each once (GraphDef's convention).
+        data = [s for s in inputs if not s.startswith("^")]
+        control = list(dict.fromkeys(s for s in inputs if s.startswith("^")
+                                     and s[1:] != n.name))
+        del new.input[:]
+        new.input.extend(data + control)
+    return out, len(forwarded)
