@@ -79,14 +79,22 @@ def fusible_nodes(view: GraphView, fetches: Set[Tensor]) -> Dict[str, str]:
 
 def creates_cycle(view: GraphView, nodes: Set[str], owner: Dict[str, str],
                    members: Dict[str, List[str]],
-                   position: Optional[Dict[str, int]] = None) -> bool:
+                   position: Optional[Dict[str, int]] = None, *,
+                   after: Optional[int] = None) -> bool:
     """Whether a path leaves `nodes` and comes back into them in the graph
     where every other cluster already formed is one node: two clusters that
     are each fine can still feed each other (A -> B and B -> A).
 
     With `position` (view.position) the walk skips nodes that cannot lead
     back: past the last of `nodes` in topological order and past every
-    cluster that spans that point, paths only move forward."""
+    cluster that spans that point, paths only move forward.
+
+    With `after` (a view.position) the caller vouches that every node placed
+    after it is outside `nodes` and in no cluster (grow_clusters' merges, see
+    there): from such a node paths only move forward, so the walk stops at
+    them without looking at the clusters at all."""
+    if after is not None:
+        return _reaches_back(view, nodes, owner, members, after)
     bound = None
     if position is not None:
         bound = max(position[m] for m in nodes)
@@ -114,11 +122,38 @@ def creates_cycle(view: GraphView, nodes: Set[str], owner: Dict[str, str],
     return False
 
 
+def _reaches_back(view: GraphView, nodes: Set[str], owner: Dict[str, str],
+                  members: Dict[str, List[str]], bound: int) -> bool:
+    """creates_cycle's walk over the nodes placed at or before `bound`."""
+    position, consumers = view.position, view.consumers
+    stack = [c for m in nodes for c in consumers[m]
+             if c not in nodes and position[c] <= bound]
+    seen = set()
+    while stack:
+        n = stack.pop()
+        unit = owner.get(n, n)
+        if unit in seen:
+            continue
+        seen.add(unit)
+        for m in members.get(unit, (n,)):
+            for c in consumers[m]:
+                if c in nodes:
+                    return True
+                if position[c] <= bound:
+                    stack.append(c)
+    return False
+
+
 def grow_clusters(view: GraphView, candidates: Set[str], refuse) -> List[List[str]]:
     """Visits edges in topological order of the consumer and merges the
     producer's cluster into the consumer's unless `refuse(merged, owner,
     members)` is truthy (a reason). `owner` maps a node to its cluster's
-    key, `members` a key to its nodes, both as formed so far."""
+    key, `members` a key to its nodes, both as formed so far.
+
+    A node joins a cluster only as a visited consumer or as the producer of
+    one, and producers come first: while a consumer is visited, every node
+    placed after it in view.order is still alone, so `refuse` may pass the
+    consumer's position (the last of `merged`) as creates_cycle's `after`."""
     owner = {n: n for n in candidates}
     members: Dict[str, List[str]] = {n: [n] for n in candidates}
     for consumer in view.order:
@@ -143,8 +178,12 @@ def grow_clusters(view: GraphView, candidates: Set[str], refuse) -> List[List[st
 def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor]) -> List[List[str]]:
     """Greedy: merge along every edge whenever the result is legal."""
 
+    position = view.position
+
     def illegal(nodes: List[str], owner, members) -> bool:
-        if creates_cycle(view, set(nodes), owner, members):
+        # the consumer being visited is the last of `nodes` (grow_clusters)
+        if creates_cycle(view, set(nodes), owner, members,
+                         after=max(position[n] for n in nodes)):
             return True
         try:
             cpu_schedule(lower_nodes(view, nodes, fetches).cluster)
