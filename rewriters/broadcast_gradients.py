@@ -1,0 +1,144 @@
+"""Decide TF's gradient reductions at rewrite time where the shapes decide them.
+
+The gradient of a broadcasting op (Add, Mul, BatchMatMul, ...) sums the
+incoming gradient over the axes an operand was broadcast along:
+
+    r0, r1 = BroadcastGradientArgs(Shape(x), Shape(y))
+    dx = Reshape(Sum(g, r0), Shape(x))
+
+With a dynamic batch, TF cannot fold the axes, so every such Sum stays a TF
+op that a fused kernel cannot take in (its axes are not constant). Yet the
+axes are usually decided: an operand's axis is summed exactly when its size
+is 1 and the other's is not, so
+
+- a static size decides it (1: summed, unless the other is a static 1 too);
+- an unknown size is never summed when the other operand's size there is a
+  static 1 or provably the same (dim_origins.py): then the gradient has the
+  operand's size on that axis.
+
+Anything else (an unknown size against another unknown one of a different
+origin, or against a static size other than 1) stays as TF built it. A Sum
+over no axes becomes an Identity (TF's own Sum forwards its input then too);
+otherwise its axes become a constant. Both differ from TF's runtime answer
+at most by summing a size-1 axis, so this is done only for Sums read by
+Reshapes alone, as TF's gradients read them.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Set
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2, types_pb2
+
+from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch.rewriters.dim_origins import Dim, DimOrigins
+from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor, parse_input
+
+
+def fold_broadcast_gradients(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
+                             fetches: Set[Tensor]):
+    """(GraphDef, types, number of Sums whose axes were decided). Fetched
+    Sums keep TF's runtime axes, whose shape the caller sees."""
+    view = GraphView(graph_def, types)
+    sums = [n for n in graph_def.node
+            if (n.name, 0) not in fetches and _candidate(view, n)]
+    if not sums:
+        return graph_def, types, 0
+    origins = DimOrigins(view)
+    decided: Dict[str, List[int]] = {}
+    for node in sums:
+        src, port, _ = parse_input(node.input[1])
+        args = view.nodes[src]
+        this = origins.value(parse_input(args.input[port])[:2])
+        other = origins.value(parse_input(args.input[1 - port])[:2])
+        g = view.type_of(parse_input(node.input[0])[:2])
+        if this is None or other is None or g is None:
+            continue
+        axes = summed_axes(this, other)
+        if axes is not None and g.rank >= max(len(this), len(other)):
+            decided[node.name] = axes
+    if not decided:
+        return graph_def, types, 0
+
+    types = dict(types)
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    del out.node[:]
+    taken: Set[str] = set(view.nodes)
+    for node in graph_def.node:
+        new = out.node.add()
+        new.CopyFrom(node)
+        if node.name not in decided:
+            continue
+        axes = decided[node.name]
+        g = view.type_of(parse_input(node.input[0])[:2])
+        control = [s for s in node.input[2:] if s.startswith("^")]
+        if not axes:
+            new.op = "Identity"
+            del new.input[:]
+            new.input.extend([node.input[0]] + control)
+            for key in ("Tidx", "keep_dims"):
+                del new.attr[key]
+            types[(node.name, 0)] = g
+            continue
+        const = out.node.add()
+        const.name = _fresh(f"{node.name}/fs_axes", taken)
+        const.op, const.device = "Const", node.device
+        const.attr["dtype"].type = types_pb2.DT_INT32
+        const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(np.array(axes, np.int32)))
+        new.input[1] = const.name
+        new.attr["Tidx"].type = types_pb2.DT_INT32
+        keep = node.attr["keep_dims"].b
+        shape = [1 if a in axes else d for a, d in enumerate(g.shape) if keep or a not in axes]
+        types[(node.name, 0)] = ir.TensorType(g.dtype, tuple(shape))
+        types[(const.name, 0)] = ir.TensorType("int32", (len(axes),))
+    return out, types, len(decided)
+
+
+def summed_axes(this: List[Dim], other: List[Dim]) -> Optional[List[int]]:
+    """The axes (of the broadcast shape) the gradient of the operand shaped
+    `this` sums over, against an operand shaped `other`; None if the sizes
+    do not decide it."""
+    rank = max(len(this), len(other))
+    a = [1] * (rank - len(this)) + list(this)
+    b = [1] * (rank - len(other)) + list(other)
+    axes = []
+    for axis, (mine, theirs) in enumerate(zip(a, b)):
+        if isinstance(mine, int):
+            if mine == 1 and theirs != 1:
+                axes.append(axis)
+        elif not (theirs == 1 or theirs == mine):
+            return None
+    return axes
+
+
+def _candidate(view: GraphView, node) -> bool:
+    """A Sum of a BroadcastGradientArgs output, read only by Reshapes."""
+    if node.op != "Sum" or len(node.input) < 2 or node.input[1].startswith("^"):
+        return False
+    src, port, _ = parse_input(node.input[1])
+    if view.nodes[src].op != "BroadcastGradientArgs" or port > 1:
+        return False
+    readers = view.data_consumers.get((node.name, 0), [])
+    if not readers:
+        return False
+    for r in readers:
+        reader = view.nodes[r]
+        if reader.op != "Reshape" or parse_input(reader.input[0])[:2] != (node.name, 0) or \
+                any(parse_input(s)[:2] == (node.name, 0) for s in reader.input[1:]):
+            return False
+    return (node.name, 0) not in _fetched_names(view)
+
+
+def _fetched_names(view: GraphView) -> Set[Tensor]:
+    return set()
+
+
+def _fresh(base: str, taken: Set[str]) -> str:
+    name = base
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    return name

@@ -1,0 +1,217 @@
+"""Which dynamic dimensions of a graph are equal: every unknown dimension gets
+an origin, and two dimensions with one origin are equal whenever the graph
+runs. TF's shape inference says only "unknown" (-1) for both.
+
+Origins are found in one pass in topological order. A function input's
+unknown dimension is its own origin; ops pass origins on where their output
+dimension is, by the op's definition, one of their input dimensions:
+elementwise ops (an operand whose dimension is a static 1 broadcasts, the
+others must agree), reductions and transposes (the kept or permuted axes),
+matrix products and einsums (the labels that survive), gathers, and reshapes
+whose target shape is built from `Shape` of other tensors (TF's gradients
+build every reshape back to an input's shape that way). Any other unknown
+dimension is an origin of its own. Small int vectors (shapes, their slices,
+packs and concatenations) are tracked by value, component by component.
+
+An origin equality is a proof; a missing one is only "not known".
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple, Union
+
+import numpy as np
+import tensorflow as tf
+
+from tf_fusionstitch.rewriters import op_table
+from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
+
+# A dimension: a static size, or the origin of an unknown one.
+Dim = Union[int, Tuple]
+
+_REDUCTIONS = ("Sum", "Mean", "Max", "Min", "Prod", "All", "Any")
+_BATCH_MATMULS = ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
+_PASS_VALUE = ("Identity", "Cast", "StopGradient")
+# Int vectors longer than this are not shapes; they are not tracked.
+_MAX_VECTOR = 16
+
+
+class DimOrigins:
+    def __init__(self, view: GraphView):
+        self._view = view
+        self._dims: Dict[Tensor, List[Dim]] = {}
+        self._values: Dict[Tensor, List[Dim]] = {}      # int vectors (a scalar: length 1)
+        self._scalar: Dict[Tensor, bool] = {}
+        for name in view.order:
+            self._visit(view.nodes[name])
+
+    def dims(self, t: Tensor) -> Optional[List[Dim]]:
+        """The tensor's dimensions, or None if its rank is unknown."""
+        return self._dims.get(t)
+
+    def value(self, t: Tensor) -> Optional[List[Dim]]:
+        """The components of a small int vector (a shape), or None."""
+        return self._values.get(t)
+
+    # -- the pass ------------------------------------------------------------
+    def _visit(self, node) -> None:
+        inputs = self._view.data_inputs[node.name]
+        for port in range(self._view.num_outputs[node.name]):
+            t = (node.name, port)
+            known = self._view.type_of(t)
+            if known is None:
+                continue
+            try:
+                derived = _dims_rule(self, node, inputs, port, known.rank)
+            except (KeyError, IndexError, ValueError, TypeError):
+                derived = None  # an op form the rule does not cover: origins of its own
+            dims = []
+            for axis, size in enumerate(known.shape):
+                if size is not None:
+                    dims.append(size)
+                elif derived is not None and len(derived) == known.rank:
+                    dims.append(derived[axis])
+                else:
+                    dims.append(("dim", node.name, port, axis))
+            self._dims[t] = dims
+            if known.dtype in ("int32", "int64") and known.rank <= 1:
+                try:
+                    value = _value_rule(self, node, inputs)
+                except (KeyError, IndexError, ValueError, TypeError):
+                    value = None
+                if value is not None and len(value) <= _MAX_VECTOR:
+                    self._values[t] = value
+                    self._scalar[t] = known.rank == 0
+
+    def _const(self, t: Tensor) -> Optional[np.ndarray]:
+        node = self._view.nodes[t[0]]
+        if node.op != "Const":
+            return None
+        return tf.make_ndarray(node.attr["value"].tensor)
+
+
+def _combine(dims: List[Dim]) -> Optional[Dim]:
+    """The common size of operands that must agree, where static 1s broadcast."""
+    rest = {d for d in dims if d != 1}
+    if not rest:
+        return 1
+    if len(rest) == 1:
+        return rest.pop()
+    static = {d for d in rest if isinstance(d, int)}
+    return static.pop() if len(static) == 1 else None
+
+
+def _broadcast(operands: List[List[Dim]], rank: int) -> List[Optional[Dim]]:
+    padded = [[1] * (rank - len(o)) + list(o) for o in operands if len(o) <= rank]
+    return [_combine([o[axis] for o in padded]) for axis in range(rank)]
+
+
+def _dims_rule(origins: DimOrigins, node, inputs, port: int, rank: int):
+    op = node.op
+    dims = [origins.dims(t) for t in inputs]
+    if op in _PASS_VALUE or op in ("ZerosLike", "OnesLike", "Snapshot"):
+        return dims[0]
+    if op in _REDUCTIONS:
+        axes = origins._const(inputs[1])
+        x = dims[0]
+        reduced = {int(a) % len(x) for a in np.asarray(axes).reshape(-1)}
+        keep = node.attr["keep_dims"].b
+        return [1 if a in reduced else d for a, d in enumerate(x)
+                if keep or a not in reduced]
+    if op == "Transpose":
+        perm = origins._const(inputs[1])
+        return [dims[0][int(p)] for p in np.asarray(perm).reshape(-1)]
+    if op in ("Reshape", "BroadcastTo", "Fill"):
+        shape = origins.value(inputs[1] if op != "Fill" else inputs[0])
+        return [None if d == -1 else d for d in shape]
+    if op == "ExpandDims":
+        axis = int(np.asarray(origins._const(inputs[1])).reshape(-1)[0])
+        x = list(dims[0])
+        x.insert(axis % (len(x) + 1), 1)
+        return x
+    if op == "Squeeze":
+        drop = {int(a) % len(dims[0]) for a in node.attr["squeeze_dims"].list.i}
+        return [d for a, d in enumerate(dims[0]) if a not in drop and (drop or d != 1)]
+    if op == "MatMul":
+        a, b = dims[0], dims[1]
+        return [a[1] if node.attr["transpose_a"].b else a[0],
+                b[0] if node.attr["transpose_b"].b else b[1]]
+    if op in _BATCH_MATMULS:
+        a, b = dims[0], dims[1]
+        batch = _broadcast([a[:-2], b[:-2]], rank - 2)
+        rows = a[-1] if node.attr["adj_x"].b else a[-2]
+        cols = b[-2] if node.attr["adj_y"].b else b[-1]
+        return batch + [rows, cols]
+    if op == "Einsum":
+        return _einsum(node.attr["equation"].s.decode(), dims)
+    if op == "GatherV2" and node.attr["batch_dims"].i == 0:
+        axis = int(np.asarray(origins._const(inputs[2])).reshape(-1)[0])
+        params = dims[0]
+        axis %= len(params)
+        return params[:axis] + dims[1] + params[axis + 1:]
+    if op == "ConcatV2":
+        axis = int(np.asarray(origins._const(inputs[-1])).reshape(-1)[0]) % rank
+        parts = _broadcast(dims[:-1], rank)
+        parts[axis] = None
+        return parts
+    if op == "SparseSoftmaxCrossEntropyWithLogits":
+        return dims[0][:1] if port == 0 else dims[0]
+    rule = op_table.OP_TABLE.get(op)
+    if rule is not None and rule.kind in (op_table.ELEMENTWISE, op_table.COMPOSITE) \
+            and port == 0 and all(d is not None for d in dims):
+        return _broadcast(dims, rank)
+    return None
+
+
+def _einsum(equation: str, dims: List[List[Dim]]) -> Optional[List[Dim]]:
+    if "..." in equation or "->" not in equation:
+        return None
+    lhs, out = equation.replace(" ", "").split("->")
+    by_label: Dict[str, List[Dim]] = {}
+    for labels, operand in zip(lhs.split(","), dims):
+        for label, d in zip(labels, operand):
+            by_label.setdefault(label, []).append(d)
+    return [_combine(by_label[label]) for label in out]
+
+
+def _value_rule(origins: DimOrigins, node, inputs) -> Optional[List[Dim]]:
+    op = node.op
+    if op == "Const":
+        value = np.asarray(tf.make_ndarray(node.attr["value"].tensor)).reshape(-1)
+        return [int(v) for v in value]
+    if op == "Shape":
+        return origins.dims(inputs[0])
+    if op in _PASS_VALUE:
+        return origins.value(inputs[0])
+    if op == "Pack" and node.attr["axis"].i == 0:
+        parts = [origins.value(t) for t in inputs]
+        if all(p is not None and origins._scalar.get(t) for p, t in zip(parts, inputs)):
+            return [p[0] for p in parts]
+        return None
+    if op == "ConcatV2":
+        parts = [origins.value(t) for t in inputs[:-1]]
+        return None if any(p is None for p in parts) else [d for p in parts for d in p]
+    if op == "GatherV2":
+        vector, index = origins.value(inputs[0]), origins._const(inputs[1])
+        return [vector[int(i)] for i in np.asarray(index).reshape(-1)]
+    if op == "StridedSlice":
+        return _strided_slice(origins, node, inputs)
+    return None
+
+
+def _strided_slice(origins: DimOrigins, node, inputs) -> Optional[List[Dim]]:
+    vector = origins.value(inputs[0])
+    begin, end, strides = (origins._const(t) for t in inputs[1:4])
+    if vector is None or any(v is None or np.asarray(v).size != 1
+                             for v in (begin, end, strides)):
+        return None
+    attr = {k: node.attr[k].i for k in ("begin_mask", "end_mask", "shrink_axis_mask",
+                                        "ellipsis_mask", "new_axis_mask")}
+    if attr["ellipsis_mask"] or attr["new_axis_mask"]:
+        return None
+    b, e, s = (int(np.asarray(v).reshape(-1)[0]) for v in (begin, end, strides))
+    if attr["shrink_axis_mask"] & 1:
+        return [vector[b]]
+    return vector[slice(None if attr["begin_mask"] & 1 else b,
+                        None if attr["end_mask"] & 1 else e, s)]
+

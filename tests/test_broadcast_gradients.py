@@ -1,0 +1,124 @@
+"""Gradient reductions decided at rewrite time (rewriters/broadcast_gradients.py,
+rewriters/dim_origins.py): the axes, the proofs of equal dynamic dimensions,
+and optimized gradients against TF's where the batch is dynamic."""
+
+import tensorflow as tf
+
+import tf_fusionstitch as fs
+from optimize_testlib import quiet_call, random, rng
+from tf_fusionstitch.rewriters import grappler, shapes
+from tf_fusionstitch.rewriters.broadcast_gradients import summed_axes
+from tf_fusionstitch.rewriters.dim_origins import DimOrigins
+from tf_fusionstitch.rewriters.graph_view import GraphView
+
+B, S = ("dim", "batch"), ("dim", "seq")     # two unknown sizes of different origins
+
+
+def _bga_sums(graph_def):
+    producers = {n.name: n.op for n in graph_def.node}
+    return [n.name for n in graph_def.node
+            if n.op == "Sum" and producers[n.input[1].split(":")[0]] == "BroadcastGradientArgs"]
+
+
+class SummedAxesTest(tf.test.TestCase):
+
+    def test_static_sizes_decide_as_tf_does(self):
+        self.assertEqual(summed_axes([4, 1, 3], [4, 5, 3]), [1])
+        self.assertEqual(summed_axes([3], [2, 3]), [0])           # missing axes are summed
+        self.assertEqual(summed_axes([2, 3], [3]), [])
+        self.assertEqual(summed_axes([1, 1], [1, 7]), [1])        # both 1: nothing to sum
+
+    def test_an_unknown_size_against_a_static_one_or_the_same_origin_is_kept(self):
+        self.assertEqual(summed_axes([B, 16, 32], [32]), [])
+        self.assertEqual(summed_axes([32], [B, 16, 32]), [0, 1])
+        self.assertEqual(summed_axes([B, S, 1], [B, S, 8]), [2])
+
+    def test_undecided_sizes_give_none(self):
+        self.assertIsNone(summed_axes([B, 4], [S, 4]))            # either may be 1
+        self.assertIsNone(summed_axes([B, 4], [3, 4]))            # B may be 1 or 3
+
+
+class DimOriginsTest(tf.test.TestCase):
+
+    def _origins(self, fn, *specs):
+        concrete = tf.function(fn).get_concrete_function(*specs)
+        graph = concrete.graph
+        graph_def = graph.as_graph_def()
+        hints = {t.name: tf.TensorSpec(t.shape, t.dtype)
+                 for op in graph.get_operations() for t in op.outputs}
+        types = shapes.infer_types(graph_def, hints)
+        return DimOrigins(GraphView(graph_def, types)), concrete
+
+    def test_reshape_back_to_a_shape_and_products_keep_the_batch_origin(self):
+        def f(x, w):
+            flat = tf.reshape(x, [-1, 8])                     # (B*S, 8): a new size
+            y = tf.matmul(flat, w)
+            back = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [4]], 0))
+            z = tf.einsum("bsk,kn->bsn", x, w) + back
+            return back, z, flat
+
+        origins, concrete = self._origins(
+            f, tf.TensorSpec([None, None, 8]), tf.TensorSpec([8, 4]))
+        x = concrete.graph.inputs[0]
+        back, z, flat = concrete.outputs
+        x_dims = origins.dims((x.op.name, 0))
+        # Outputs are Identity nodes of the traced results.
+        back_dims = origins.dims((back.op.name, 0))
+        self.assertEqual(back_dims[:2], x_dims[:2])
+        self.assertEqual(origins.dims((z.op.name, 0))[:2], x_dims[:2])
+        self.assertNotIn(origins.dims((flat.op.name, 0))[0], x_dims)
+
+    def test_independent_inputs_have_different_origins(self):
+        origins, concrete = self._origins(lambda a, b: a + b, tf.TensorSpec([None, 4]),
+                                          tf.TensorSpec([None, 4]))
+        a, b = concrete.graph.inputs[:2]
+        self.assertNotEqual(origins.dims((a.op.name, 0))[0], origins.dims((b.op.name, 0))[0])
+
+
+class GradientTest(tf.test.TestCase):
+
+    def test_layer_gradients_with_a_dynamic_batch_fuse_and_match(self):
+        gen = rng(21)
+        gamma = tf.Variable(random(gen, (16,), "float32"))
+        w = tf.Variable(random(gen, (16, 16), "float32") * 0.3)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 8, 16])])
+        def grads(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                h = tf.einsum("bsk,kn->bsn", x, w)
+                y = x * gamma + h                            # residual, broadcast gamma
+                mean = tf.reduce_mean(y, axis=-1, keepdims=True)
+                loss = tf.reduce_sum(tf.tanh(y - mean))
+            return tape.gradient(loss, [x, gamma, w])
+
+        opt = fs.optimize(grads)
+        for batch in (3, 5):
+            x = random(rng(batch), (batch, 8, 16), "float32")
+            for r, o in zip(grads(x), quiet_call(opt, x)):
+                self.assertAllClose(r, o, rtol=2e-5, atol=2e-5)
+        before = grappler.run_grappler(grads.get_concrete_function().graph.as_graph_def(),
+                                       grads.get_concrete_function().graph,
+                                       [t.name for t in grads.get_concrete_function().outputs])
+        self.assertNotEmpty(_bga_sums(before))
+        self.assertEmpty(_bga_sums(opt.graph_def))
+
+    def test_a_runtime_broadcast_between_independent_batches_stays_tfs(self):
+        @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 4])])
+        def grads(a, b):
+            with tf.GradientTape() as tape:
+                tape.watch([a, b])
+                loss = tf.reduce_sum(tf.exp(a * 0.5) * b + a)
+            return tape.gradient(loss, [a, b])
+
+        opt = fs.optimize(grads)
+        for rows_a, rows_b in ((1, 3), (3, 1), (3, 3)):
+            a = random(rng(rows_a), (rows_a, 4), "float32")
+            b = random(rng(10 + rows_b), (rows_b, 4), "float32")
+            for r, o in zip(grads(a, b), quiet_call(opt, a, b)):
+                self.assertAllClose(r, o, rtol=1e-5, atol=1e-5)
+        self.assertNotEmpty(_bga_sums(opt.graph_def))
+
+
+if __name__ == "__main__":
+    tf.test.main()
