@@ -291,7 +291,8 @@ def _handle_types(gd, order, types, arg_handles, call_handles):
         if node.op == "ReadVariableOp" and ins:
             put(ins[0], types.get((name, 0)))
         elif node.op in ("TensorListPushBack", "TensorListSetItem") and ins:
-            put((name, 0), handles.get(ins[0]) or types.get(ins[-1]))
+            held, pushed = handles.get(ins[0]), types.get(ins[-1])
+            put((name, 0), pushed if held is None else _merge_handles(held, pushed))
         elif node.op in ("TensorListPopBack", "Identity") and ins:
             put((name, 0), handles.get(ins[0]))
         elif node.op == "TensorListFromTensor" and ins:
@@ -366,6 +367,13 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass):
                 if attr in ("cond",):
                     continue
                 if node.op in WHILE_OPS and ret is not None:
+                    changed = [k for k, (a, b) in enumerate(zip(in_handles, ret))
+                               if a is not None and a != b]
+                    if changed and attr == "body":
+                        # The body's reads were typed by what the loop holds on
+                        # entry; if an iteration can change it, keep the original.
+                        _revert(fname, f"not rewritten: loop variable {changed[0]} holds "
+                                "values of another shape after an iteration")
                     ret = [_merge_handles(a, b) if a is not None else b
                            for a, b in zip(in_handles, ret)]
                 if outs is None:
@@ -375,6 +383,12 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass):
             if outs:
                 call_handles[name] = outs
         return _handle_types(gd, view_order, gd_types, arg_handles, call_handles)
+
+    def _revert(fname, reason):
+        new_defs.pop(fname, None)
+        r = reports[fname]
+        r.reason = reason
+        r.kernels_after, r.fused_clusters = r.kernels_before, 0
 
     def process(fname, shapes, in_handles, where):
         fdef = fdefs[fname]
@@ -386,10 +400,7 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass):
         if fname in seen:
             if seen[fname] != (shapes, in_handles) and fname in new_defs:
                 # Another call with other shapes: keep the original for all.
-                del new_defs[fname]
-                r = reports[fname]
-                r.reason = f"not rewritten: {where} calls it with other input shapes"
-                r.kernels_after, r.fused_clusters = r.kernels_before, 0
+                _revert(fname, f"not rewritten: {where} calls it with other input shapes")
             return rets.get(fname)
         seen[fname] = (shapes, in_handles)
         order.append(fname)
@@ -443,10 +454,10 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass):
     if not new_defs:
         return graph_def, list(reports.values()), results
 
-    # Rename rewritten functions and, transitively, their callers (callees
-    # come after their callers in `order`).
+    # Rename rewritten functions and, transitively, their callers, callees first.
+    order = _callees_first(order, callees)
     renamed: Dict[str, str] = {}
-    for fname in reversed(order):
+    for fname in order:
         fdef = new_defs.get(fname)
         refs = {c for c in callees.get(fname, []) if c in renamed}
         if fdef is None and not refs:
@@ -467,7 +478,7 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass):
     for node in out.node:
         _rename_calls(node, renamed, names)
     existing = set(names)
-    for fname in reversed(order):  # callees first
+    for fname in order:
         if fname in renamed and renamed[fname] not in existing:
             out.library.function.add().CopyFrom(new_defs[fname])
             existing.add(renamed[fname])
@@ -512,3 +523,24 @@ def _rename_calls(node, renamed: Dict[str, str], names: Set[str]) -> None:
                     f.name = renamed[f.name]
 
 
+
+
+def _callees_first(order: List[str], callees: Dict[str, List[str]]) -> List[str]:
+    """`order`'s functions, each after every function it calls (TensorFlow
+    allows no recursion; a cycle would only stop the walk)."""
+    out: List[str] = []
+    state: Dict[str, int] = {}
+    known = set(order)
+
+    def visit(fname):
+        if state.get(fname):
+            return
+        state[fname] = 1
+        for callee in callees.get(fname, []):
+            if callee in known:
+                visit(callee)
+        out.append(fname)
+
+    for fname in order:
+        visit(fname)
+    return out

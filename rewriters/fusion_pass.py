@@ -77,8 +77,14 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
     result = run_pass(graph_def, types, fetches)
     if not graph_def.library.function:
         return result
-    new_gd, functions, body_results = function_bodies.rewrite_function_bodies(
-        result.graph_def, types, run_pass)
+    try:
+        new_gd, functions, body_results = function_bodies.rewrite_function_bodies(
+            result.graph_def, types, run_pass)
+    except Exception as e:  # noqa: BLE001  (never worse than not using it)
+        result.clusters.append(ClusterReport(
+            "function bodies", [], False,
+            reason=f"functions the graph calls not rewritten: {type(e).__name__}: {e}"))
+        return result
     result.graph_def = new_gd
     result.functions = functions
     for f in functions:

@@ -30,13 +30,14 @@ _TOL = dict(rtol=1e-5, atol=1e-6)
 def _while_bodies(graph_def):
     """{body function name: FunctionDef} of every While the graph runs, at any depth."""
     library = {f.signature.name: f for f in graph_def.library.function}
-    found, stack = {}, list(graph_def.node)
+    found, visited, stack = {}, set(), list(graph_def.node)
     while stack:
         node = stack.pop()
-        if node.op in function_bodies.WHILE_OPS:
-            name = node.attr["body"].func.name
-            if name not in found:
+        for attr, name, _ in function_bodies.called_functions(node, set(library)):
+            if node.op in function_bodies.WHILE_OPS and attr == "body":
                 found[name] = library[name]
+            if name not in visited:
+                visited.add(name)
                 stack.extend(library[name].node_def)
     return found
 
@@ -110,6 +111,37 @@ class FunctionBodiesTest(tf.test.TestCase):
         self.assertEqual(body.signature.input_arg, original[0].signature.input_arg)
         self.assertEqual(body.signature.output_arg, original[0].signature.output_arg)
         self.assertEqual(set(body.ret), set(original[0].ret))
+
+    def test_nested_functions_and_shared_callees(self):
+        """A tf.function called from the graph (PartitionedCall) with a loop inside,
+        called twice with one signature (one rewritten definition both calls
+        share) and once with another (a second trace of its own)."""
+        @tf.function
+        def g(x):
+            _, a = tf.while_loop(lambda i, a: i < 3,
+                                 lambda i, a: (i + 1, tf.tanh(a * 1.5) + 0.25),
+                                 [tf.constant(0), x])
+            return tf.sigmoid(a) * 2.0 + 1.0
+
+        @tf.function
+        def f(x, y, z):
+            return g(x) + g(y), g(z)
+
+        opt = fs.optimize(f)
+        gen = rng(107)
+        x, y = random(gen, (3, 4), "float32"), random(gen, (3, 4), "float32")
+        z = random(gen, (2, 5), "float32")
+        for got, want in zip(quiet_call(opt, x, y, z), f(x, y, z)):
+            assert_same(self, got, want, **_TOL)
+        calls = [n.attr["f"].func.name for n in opt.graph_def.node
+                 if n.op in ("PartitionedCall", "StatefulPartitionedCall")]
+        self.assertLen(calls, 3)
+        self.assertLen(set(calls), 2)
+        library = {fn.signature.name: fn for fn in opt.graph_def.library.function}
+        for name in calls:
+            self.assertIn(name, library)
+            self.assertIn("_fs", name)  # renamed: its body (or a callee) was rewritten
+        self.assertLen(_fused_bodies(opt.graph_def), 2)
 
     def test_gru_train_step_matches_tf(self):
         def build():
