@@ -57,6 +57,9 @@ class GraphView:
             self.control_inputs[n.name] = ctrl
         self.order = self._topological_order()
         self.position = {name: i for i, name in enumerate(self.order)}
+        # Facts derived from one node and memoised by their users (a view is
+        # read-only): lowering.py keeps Const values here.
+        self.memo: Dict[object, object] = {}
 
     def _topological_order(self) -> List[str]:
         indeg = {name: 0 for name in self.nodes}

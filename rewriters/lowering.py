@@ -21,21 +21,40 @@ class LoweredCluster:
     output_tensors: List[Tensor]  # TF tensors each cluster output replaces
 
 
+_MISSING = object()
+
+
 def constant_value(view: GraphView, name: str) -> Optional[np.ndarray]:
+    """The value of Const node `name` (read-only: it is shared), else None."""
+    key = ("const", name)
+    value = view.memo.get(key, _MISSING)
+    if value is _MISSING:
+        value = _read_constant(view, name)
+        view.memo[key] = value
+    return value
+
+
+def _read_constant(view: GraphView, name: str) -> Optional[np.ndarray]:
     node = view.nodes.get(name)
     if node is None or node.op != "Const":
         return None
     try:
-        return tf.make_ndarray(node.attr["value"].tensor)
+        value = tf.make_ndarray(node.attr["value"].tensor)
     except (TypeError, ValueError):
         return None
+    value.flags.writeable = False
+    return value
 
 
 def _inlinable_scalar(view: GraphView, t: Tensor) -> Optional[np.ndarray]:
-    value = constant_value(view, t[0])
-    tt = view.type_of(t)
-    if value is None or tt is None or value.shape != () or tt.dtype not in ir.DTYPES:
-        return None
+    key = ("scalar", t)
+    value = view.memo.get(key, _MISSING)
+    if value is _MISSING:
+        value = constant_value(view, t[0])
+        tt = view.type_of(t)
+        if value is None or tt is None or value.shape != () or tt.dtype not in ir.DTYPES:
+            value = None
+        view.memo[key] = value
     return value
 
 

@@ -110,4 +110,6 @@ def _decode(tp: Any, value: Any) -> Any:
         return float(value)
     elif tp in (str, int, bool) and type(value) is tp:
         return value
+    # A field annotated loosely (`list`, `Any`) lands here too: give it a
+    # precise type (List[str], Tuple[int, ...], a dataclass) or hits never happen.
     raise ValueError(f"cannot decode {value!r:.80} as {tp}")
