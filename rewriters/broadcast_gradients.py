@@ -22,6 +22,11 @@ over no axes becomes an Identity (TF's own Sum forwards its input then too);
 otherwise its axes become a constant. Both differ from TF's runtime answer
 at most by summing a size-1 axis, so this is done only for Sums read by
 Reshapes alone, as TF's gradients read them.
+
+The Reshape back to `Shape(x)` is then often no reshape at all: where its
+input's dimensions are provably its target's, it becomes an Identity; where
+they differ by static sizes and one unknown size of the same origin, its
+target becomes a constant with -1 there. Either way it can join a kernel.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, types_pb2
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.rewriters.dim_origins import Dim, DimOrigins
+from tf_fusionstitch.rewriters.dim_origins import Dim, DimOrigins, monomial
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor, parse_input
 
 
@@ -94,6 +99,63 @@ def fold_broadcast_gradients(graph_def, types: Dict[Tensor, Optional[ir.TensorTy
         shape = [1 if a in axes else d for a, d in enumerate(g.shape) if keep or a not in axes]
         types[(node.name, 0)] = ir.TensorType(g.dtype, tuple(shape))
         types[(const.name, 0)] = ir.TensorType("int32", (len(axes),))
+    return out, types, len(decided)
+
+
+def fold_reshapes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]]):
+    """(GraphDef, types, number of Reshapes decided): Reshapes whose target
+    shape is a computed tensor, where dim_origins proves what it is."""
+    view = GraphView(graph_def, types)
+    reshapes = [n for n in graph_def.node if n.op == "Reshape" and len(n.input) >= 2
+                and view.nodes[parse_input(n.input[1])[0]].op != "Const"]
+    if not reshapes:
+        return graph_def, types, 0
+    origins = DimOrigins(view)
+    decided: Dict[str, Optional[List[int]]] = {}   # None: an Identity
+    for node in reshapes:
+        source = origins.dims(parse_input(node.input[0])[:2])
+        target = origins.value(parse_input(node.input[1])[:2])
+        if source is None or target is None or -1 in target:
+            continue
+        if list(source) == list(target):
+            decided[node.name] = None
+            continue
+        if sum(not isinstance(d, int) for d in target) == 1 and \
+                monomial(source) == monomial(target):
+            decided[node.name] = [d if isinstance(d, int) else -1 for d in target]
+    if not decided:
+        return graph_def, types, 0
+    types = dict(types)
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    del out.node[:]
+    taken: Set[str] = set(view.nodes)
+    for node in graph_def.node:
+        new = out.node.add()
+        new.CopyFrom(node)
+        if node.name not in decided:
+            continue
+        target = decided[node.name]
+        if target is None:
+            control = [s for s in node.input[2:] if s.startswith("^")]
+            new.op = "Identity"
+            del new.input[:]
+            new.input.extend([node.input[0]] + control)
+            del new.attr["Tshape"]
+            x = view.type_of(parse_input(node.input[0])[:2])
+            y = types.get((node.name, 0))
+            if x is not None and y is not None:   # equal sizes: keep what either knows
+                types[(node.name, 0)] = ir.TensorType(x.dtype, tuple(
+                    a if a is not None else b for a, b in zip(x.shape, y.shape)))
+            continue
+        const = out.node.add()
+        const.name = _fresh(f"{node.name}/fs_shape", taken)
+        const.op, const.device = "Const", node.device
+        const.attr["dtype"].type = types_pb2.DT_INT32
+        const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(np.array(target, np.int32)))
+        new.input[1] = const.name
+        new.attr["Tshape"].type = types_pb2.DT_INT32
+        types[(const.name, 0)] = ir.TensorType("int32", (len(target),))
     return out, types, len(decided)
 
 

@@ -9,9 +9,14 @@ elementwise ops (an operand whose dimension is a static 1 broadcasts, the
 others must agree), reductions and transposes (the kept or permuted axes),
 matrix products and einsums (the labels that survive), gathers, and reshapes
 whose target shape is built from `Shape` of other tensors (TF's gradients
-build every reshape back to an input's shape that way). Any other unknown
-dimension is an origin of its own. Small int vectors (shapes, their slices,
-packs and concatenations) are tracked by value, component by component.
+build every reshape back to an input's shape that way) or has one -1 that
+only one unknown input size can fill. Any other unknown dimension is an
+origin of its own. Small int vectors (shapes, their slices, packs and
+concatenations) are tracked by value, component by component.
+
+Ops that fail unless two sizes are equal (a matrix product's contracted
+sizes, an einsum label's sizes) make their origins one: a graph in which
+they differ raises before anything of this rewrite could matter.
 
 An origin equality is a proof; a missing one is only "not known".
 """
@@ -26,7 +31,9 @@ import tensorflow as tf
 from tf_fusionstitch.rewriters import op_table
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 
-# A dimension: a static size, or the origin of an unknown one.
+# A dimension: a static size, the origin of an unknown one ("dim", node,
+# port, axis), or a product of origins and a static factor ("prod", origins,
+# factor), as a reshape that flattens axes makes.
 Dim = Union[int, Tuple]
 
 _REDUCTIONS = ("Sum", "Mean", "Max", "Min", "Prod", "All", "Any")
@@ -39,6 +46,7 @@ _MAX_VECTOR = 16
 class DimOrigins:
     def __init__(self, view: GraphView):
         self._view = view
+        self._parent: Dict[Tuple, Tuple] = {}            # union-find of equal origins
         self._dims: Dict[Tensor, List[Dim]] = {}
         self._values: Dict[Tensor, List[Dim]] = {}      # int vectors (a scalar: length 1)
         self._scalar: Dict[Tensor, bool] = {}
@@ -47,11 +55,34 @@ class DimOrigins:
 
     def dims(self, t: Tensor) -> Optional[List[Dim]]:
         """The tensor's dimensions, or None if its rank is unknown."""
-        return self._dims.get(t)
+        dims = self._dims.get(t)
+        return None if dims is None else [self._find(d) for d in dims]
 
     def value(self, t: Tensor) -> Optional[List[Dim]]:
         """The components of a small int vector (a shape), or None."""
-        return self._values.get(t)
+        value = self._values.get(t)
+        return None if value is None else [self._find(d) for d in value]
+
+    def _find(self, d: Dim) -> Dim:
+        if isinstance(d, int):
+            return d
+        if d[0] == "prod":
+            return ("prod", tuple(sorted(self._find(t) for t in d[1])), d[2])
+        root = d
+        while root in self._parent:
+            root = self._parent[root]
+        while d != root:
+            self._parent[d], d = root, self._parent[d]
+        return root
+
+    def unify(self, a: Dim, b: Dim) -> None:
+        """Records that two sizes are equal whenever the graph runs."""
+        a, b = self._find(a), self._find(b)
+        if a == b or isinstance(a, int) or isinstance(b, int):
+            return
+        (fa, oa), (fb, ob) = monomial([a]), monomial([b])
+        if fa == fb and len(oa) == len(ob) == 1:   # k*x == k*y: x == y
+            self._parent[oa[0]] = ob[0]
 
     # -- the pass ------------------------------------------------------------
     def _visit(self, node) -> None:
@@ -65,14 +96,14 @@ class DimOrigins:
                 derived = _dims_rule(self, node, inputs, port, known.rank)
             except (KeyError, IndexError, ValueError, TypeError):
                 derived = None  # an op form the rule does not cover: origins of its own
-            dims = []
-            for axis, size in enumerate(known.shape):
-                if size is not None:
-                    dims.append(size)
-                elif derived is not None and len(derived) == known.rank:
-                    dims.append(derived[axis])
-                else:
-                    dims.append(("dim", node.name, port, axis))
+            if derived is None or len(derived) != known.rank:
+                derived = [None] * known.rank
+            # A static size wins; an unknown one the rule could not place
+            # (None) is an origin of its own, equal to nothing else.
+            dims = [size if size is not None else
+                    derived[axis] if derived[axis] is not None else
+                    ("dim", node.name, port, axis)
+                    for axis, size in enumerate(known.shape)]
             self._dims[t] = dims
             if known.dtype in ("int32", "int64") and known.rank <= 1:
                 try:
@@ -111,6 +142,11 @@ def _dims_rule(origins: DimOrigins, node, inputs, port: int, rank: int):
     dims = [origins.dims(t) for t in inputs]
     if op in _PASS_VALUE or op in ("ZerosLike", "OnesLike", "Snapshot"):
         return dims[0]
+    if op == "AddN":                     # no broadcasting: equal shapes, or it raises
+        for other in dims[1:]:
+            for a, b in zip(dims[0], other):
+                origins.unify(a, b)
+        return dims[0]
     if op in _REDUCTIONS:
         axes = origins._const(inputs[1])
         x = dims[0]
@@ -123,6 +159,10 @@ def _dims_rule(origins: DimOrigins, node, inputs, port: int, rank: int):
         return [dims[0][int(p)] for p in np.asarray(perm).reshape(-1)]
     if op in ("Reshape", "BroadcastTo", "Fill"):
         shape = origins.value(inputs[1] if op != "Fill" else inputs[0])
+        if shape is None:
+            return None
+        if op == "Reshape" and shape.count(-1) == 1:
+            return _fill_minus_one(dims[0], shape)
         return [None if d == -1 else d for d in shape]
     if op == "ExpandDims":
         axis = int(np.asarray(origins._const(inputs[1])).reshape(-1)[0])
@@ -134,16 +174,17 @@ def _dims_rule(origins: DimOrigins, node, inputs, port: int, rank: int):
         return [d for a, d in enumerate(dims[0]) if a not in drop and (drop or d != 1)]
     if op == "MatMul":
         a, b = dims[0], dims[1]
-        return [a[1] if node.attr["transpose_a"].b else a[0],
-                b[0] if node.attr["transpose_b"].b else b[1]]
+        ta, tb = node.attr["transpose_a"].b, node.attr["transpose_b"].b
+        origins.unify(a[0] if ta else a[1], b[1] if tb else b[0])
+        return [a[1] if ta else a[0], b[0] if tb else b[1]]
     if op in _BATCH_MATMULS:
         a, b = dims[0], dims[1]
+        ta, tb = node.attr["adj_x"].b, node.attr["adj_y"].b
+        origins.unify(a[-2] if ta else a[-1], b[-1] if tb else b[-2])
         batch = _broadcast([a[:-2], b[:-2]], rank - 2)
-        rows = a[-1] if node.attr["adj_x"].b else a[-2]
-        cols = b[-2] if node.attr["adj_y"].b else b[-1]
-        return batch + [rows, cols]
+        return batch + [a[-1] if ta else a[-2], b[-2] if tb else b[-1]]
     if op == "Einsum":
-        return _einsum(node.attr["equation"].s.decode(), dims)
+        return _einsum(origins, node.attr["equation"].s.decode(), dims)
     if op == "GatherV2" and node.attr["batch_dims"].i == 0:
         axis = int(np.asarray(origins._const(inputs[2])).reshape(-1)[0])
         params = dims[0]
@@ -154,8 +195,12 @@ def _dims_rule(origins: DimOrigins, node, inputs, port: int, rank: int):
         parts = _broadcast(dims[:-1], rank)
         parts[axis] = None
         return parts
-    if op == "SparseSoftmaxCrossEntropyWithLogits":
+    if op == "SparseSoftmaxCrossEntropyWithLogits":   # one label per row, or it raises
+        origins.unify(dims[0][0], dims[1][0])
         return dims[0][:1] if port == 0 else dims[0]
+    if op == "Tile":
+        multiples = origins.value(inputs[1])
+        return [_size(*monomial([d, m])) for d, m in zip(dims[0], multiples)]
     rule = op_table.OP_TABLE.get(op)
     if rule is not None and rule.kind in (op_table.ELEMENTWISE, op_table.COMPOSITE) \
             and port == 0 and all(d is not None for d in dims):
@@ -163,7 +208,8 @@ def _dims_rule(origins: DimOrigins, node, inputs, port: int, rank: int):
     return None
 
 
-def _einsum(equation: str, dims: List[List[Dim]]) -> Optional[List[Dim]]:
+def _einsum(origins: DimOrigins, equation: str,
+            dims: List[List[Dim]]) -> Optional[List[Dim]]:
     if "..." in equation or "->" not in equation:
         return None
     lhs, out = equation.replace(" ", "").split("->")
@@ -171,7 +217,55 @@ def _einsum(equation: str, dims: List[List[Dim]]) -> Optional[List[Dim]]:
     for labels, operand in zip(lhs.split(","), dims):
         for label, d in zip(labels, operand):
             by_label.setdefault(label, []).append(d)
-    return [_combine(by_label[label]) for label in out]
+    for sizes in by_label.values():   # TF's Einsum requires a label's sizes equal
+        for d in sizes[1:]:
+            origins.unify(sizes[0], d)
+    return [origins._find(by_label[label][0]) for label in out]
+
+
+def _is_origin(d: Dim) -> bool:
+    return isinstance(d, tuple) and d[0] == "dim"
+
+
+def monomial(dims: List[Dim]) -> Tuple[int, Tuple]:
+    """The product of sizes as (static factor, sorted origins)."""
+    factor, origins = 1, []
+    for d in dims:
+        if isinstance(d, int):
+            factor *= d
+        elif d[0] == "prod":
+            factor *= d[2]
+            origins += d[1]
+        else:
+            origins.append(d)
+    return factor, tuple(sorted(origins))
+
+
+def _size(factor: int, origins: Tuple) -> Dim:
+    if not origins:
+        return factor
+    if factor == 1 and len(origins) == 1:
+        return origins[0]
+    return ("prod", origins, factor)
+
+
+def _quotient(num: List[Dim], den: List[Dim]) -> Optional[Dim]:
+    """prod(num) / prod(den) where it is a product of origins, else None."""
+    (f_num, o_num), (f_den, o_den) = monomial(num), monomial(den)
+    left = list(o_num)
+    for o in o_den:
+        if o not in left:
+            return None
+        left.remove(o)
+    if f_den == 0 or f_num % f_den:
+        return None
+    return _size(f_num // f_den, tuple(left))
+
+
+def _fill_minus_one(source: List[Dim], target: List[Dim]) -> List[Optional[Dim]]:
+    """A reshape target's -1 is the input's size over the other target sizes."""
+    fill = _quotient(source, [d for d in target if d != -1])
+    return [fill if d == -1 else d for d in target]
 
 
 def _value_rule(origins: DimOrigins, node, inputs) -> Optional[List[Dim]]:
@@ -196,6 +290,11 @@ def _value_rule(origins: DimOrigins, node, inputs) -> Optional[List[Dim]]:
         return [vector[int(i)] for i in np.asarray(index).reshape(-1)]
     if op == "StridedSlice":
         return _strided_slice(origins, node, inputs)
+    if op == "Prod" and not node.attr["keep_dims"].b:
+        vector, axes = origins.value(inputs[0]), origins._const(inputs[1])
+        if vector is not None and axes is not None and \
+                list(np.asarray(axes).reshape(-1)) in ([0], [-1]):
+            return [_size(*monomial(vector))]
     return None
 
 

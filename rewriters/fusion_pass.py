@@ -111,6 +111,7 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
         graph_def, types, op_table.is_memory_intensive)
     graph_def, _ = variable_updates.forward_assigned_reads(graph_def, fetches)
     graph_def, types, _ = broadcast_gradients.fold_broadcast_gradients(graph_def, types, fetches)
+    graph_def, types, _ = broadcast_gradients.fold_reshapes(graph_def, types)
     if fusion == "xla_like":
         graph_def, types = xla_like.expand_softmax(graph_def, types)
     view = GraphView(graph_def, types)
