@@ -111,6 +111,18 @@ def _binary(prim: str) -> OpRule:
     return OpRule(ELEMENTWISE, lower)
 
 
+def _add_n(ctx):
+    """Gradient accumulation: a chain of adds (TF's kernel sums in groups, so
+    the rounding differs within the elementwise-chain tolerance)."""
+    t = ctx.out_type(0)
+    total = ctx.input(0)
+    for i in range(1, int(ctx.attr("N"))):
+        total = ctx.emit("add", [total, ctx.input(i)], t)
+    if total == ctx.input(0):   # one input: a copy
+        return [ctx.emit("reshape", [total], t, shape=list(t.shape))]
+    return [total]
+
+
 def _pow(ctx):
     """x ** c for a small integer or half-integer constant c becomes multiplies
     (and a sqrt): what gelu's tanh form does with x ** 3, at a few ulp from
@@ -406,6 +418,7 @@ OP_TABLE: Dict[str, OpRule] = {
         "NotEqual": "not_equal", "LessEqual": "less_equal", "GreaterEqual": "greater_equal",
         "LogicalAnd": "logical_and", "LogicalOr": "logical_or"}.items()},
     "Pow": OpRule(ELEMENTWISE, _pow),
+    "AddN": OpRule(ELEMENTWISE, _add_n),
     "BiasAdd": OpRule(ELEMENTWISE, _bias_add),
     "BiasAddV1": OpRule(ELEMENTWISE, _bias_add),
     "Select": OpRule(ELEMENTWISE, _select_v1),

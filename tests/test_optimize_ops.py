@@ -506,6 +506,30 @@ class OptimizeSelectBiasTest(tf.test.TestCase):
         assert_same(self, actual[0], expected[0], "exact")
         assert_same(self, actual[1], expected[1], "transcendental")
 
+    def test_add_n_accumulates_like_tf(self):
+        """Gradient accumulation: AddN of 2, 3 and 9 terms fuses with its
+        neighbours; TF's kernel sums in groups, so the rounding may differ by
+        the elementwise-chain tolerance."""
+        gen = rng(3301)
+        xs = [random(gen, (6, 7), dtype) for dtype in ["float32"] * 9]
+
+        @tf.function
+        def f(*xs):
+            return (tf.math.add_n([xs[0], xs[1]]) * 2.0,
+                    tf.exp(tf.math.add_n(list(xs[:3])) * 0.25),
+                    tf.math.add_n([x * 0.5 for x in xs]) - 1.0)
+
+        opt, expected, actual = optimize_and_run(f, *xs)
+        self.assertLen(fused_clusters_with(opt, "AddN"), 3, str(opt.report()))
+        assert_same(self, actual[0], expected[0], "chain")
+        assert_same(self, actual[1], expected[1], "transcendental")
+        assert_same(self, actual[2], expected[2], "chain")
+        for dtype in ("float64", "int32"):
+            a, b = random(gen, (4,), dtype), random(gen, (4,), dtype)
+            opt, expected, actual = optimize_and_run(
+                tf.function(lambda a, b: tf.math.add_n([a, b, a]) * 3), a, b)
+            assert_same(self, actual, expected, "chain" if dtype != "int32" else "exact")
+
 
 # Reductions over a [4, 5, 6] input.
 AXES = {"last": [2], "neg_last": [-1], "first": [0], "middle": [1], "several": [0, 2],
@@ -903,7 +927,7 @@ class OpTableCoverageTest(tf.test.TestCase):
             "BiasAddGrad", "InvGrad",
             "Cast", "Select", "SelectV2", "BiasAdd", "Softmax", "LogSoftmax",
             "FusedBatchNormV3", "Identity", "Reshape", "ExpandDims", "Squeeze", "BroadcastTo",
-            "StopGradient"}
+            "StopGradient", "AddN"}
         # Aliases and older versions of covered ops share their lowering.
         aliases = {"Inv", "BiasAddV1", "FusedBatchNorm", "FusedBatchNormV2"}
         missing = set(op_table.OP_TABLE) - covered - aliases
