@@ -113,14 +113,21 @@ class RewriteCacheTest(tf.test.TestCase):
             import tf_fusionstitch as fs
             @tf.function
             def f(x):
-                return tf.nn.softmax(x * 2.0, axis=-1) + tf.exp(x) * 0.5
+                # a loop body with fusible ops: the rewrite renames that
+                # function, and the new process must learn the new name
+                _, y = tf.while_loop(lambda i, a: i < 3,
+                                     lambda i, a: (i + 1, tf.tanh(a * 1.1) + 0.1),
+                                     [tf.constant(0), x])
+                return tf.nn.softmax(y * 2.0, axis=-1) + tf.exp(x) * 0.5
             x = tf.constant(np.random.default_rng(7).normal(size=(3, 29)).astype(np.float32))
             opt = fs.optimize(f)
             out = opt(x)
             np.testing.assert_allclose(out.numpy(), f(x).numpy(), rtol=1e-5, atol=1e-6)
             r = opt.report()
+            in_bodies = sum(n.op == "FusionStitch" for fn in opt.graph_def.library.function
+                            for n in fn.node_def)
             print("RESULT", json.dumps([r.cache_hit, len(r.fused_clusters), r.compilations,
-                                        out.numpy().tobytes().hex()]))
+                                        out.numpy().tobytes().hex(), in_bodies]))
         """)
         # The op library the session built, so the new processes do not build it again.
         from tf_fusionstitch.custom_ops import loader
@@ -136,13 +143,15 @@ class RewriteCacheTest(tf.test.TestCase):
             self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
             line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
             results.append(json.loads(line[len("RESULT "):]))
-        (hit0, fused0, _, out0), (hit1, fused1, compiled1, out1) = results
+        (hit0, fused0, _, out0, bodies0), (hit1, fused1, compiled1, out1, bodies1) = results
         self.assertFalse(hit0)
         self.assertTrue(hit1)
         self.assertEqual(compiled1, 0)
         self.assertEqual(fused0, fused1)
         self.assertGreater(fused0, 0)
         self.assertEqual(out0, out1)
+        self.assertGreater(bodies0, 0)
+        self.assertEqual(bodies0, bodies1)
 
     def _damage_and_rerun(self, damage):
         cold, cold_out = self._run()

@@ -24,7 +24,8 @@ A hit is trusted only as far as it re-checks: every FusionStitch node's kernel
 (in the graph or in a function of its library) is regenerated from the fusion
 spec in its `spec` attribute (compiled only if the kernel cache lacks it), its
 key must equal the node's `kernel_key`, and it is registered with the op
-library again. Anything wrong with an entry (absent,
+library again; rewritten library functions are registered with the eager
+runtime (function_bodies.register_functions). Anything wrong with an entry (absent,
 altered, unparsable, a kernel that fails) makes `load` return None and the
 caller rewrites from scratch. Only plans whose clusters all fused are stored:
 a fallback may be passing (a missing compiler, a timeout).
@@ -141,6 +142,9 @@ def load(key: str, register: Callable[[kernels.CompiledKernel], None],
             if kernel.key != kernel_key or kernel.spec != spec:
                 return None
             register(kernel)
+        # Rewritten library functions have new names the eager runtime must know.
+        from tf_fusionstitch.rewriters import function_bodies
+        function_bodies.register_functions(graph_def)
         report.compile_seconds = time.perf_counter() - start
         report.compilations = cpu_compiler.compilations - compilations
         return Entry(graph_def, output_names, report)
