@@ -20,6 +20,12 @@ def _bga_sums(graph_def):
             if n.op == "Sum" and producers[n.input[1].split(":")[0]] == "BroadcastGradientArgs"]
 
 
+def _computed_reshapes(graph_def):
+    producers = {n.name: n.op for n in graph_def.node}
+    return [n.name for n in graph_def.node
+            if n.op == "Reshape" and producers[n.input[1].split(":")[0]] != "Const"]
+
+
 class SummedAxesTest(tf.test.TestCase):
 
     def test_static_sizes_decide_as_tf_does(self):
@@ -68,6 +74,25 @@ class DimOriginsTest(tf.test.TestCase):
         self.assertEqual(origins.dims((z.op.name, 0))[:2], x_dims[:2])
         self.assertNotIn(origins.dims((flat.op.name, 0))[0], x_dims)
 
+    def test_a_minus_one_reshape_round_trip_keeps_the_batch_origin(self):
+        def f(x):
+            flat = tf.reshape(x, [-1, 8])                     # (4B, 8): a product
+            return tf.reshape(flat * 2.0, [-1, 4, 8])          # back: B again
+
+        origins, concrete = self._origins(f, tf.TensorSpec([None, 4, 8]))
+        x = concrete.graph.inputs[0]
+        (back,) = concrete.outputs
+        batch = origins.dims((x.op.name, 0))[0]
+        self.assertEqual(origins.dims((back.op.name, 0))[0], batch)
+
+    def test_a_contraction_proves_two_batches_equal(self):
+        def f(a, b):
+            return a + b, tf.matmul(a, b, transpose_a=True)   # runs only if a, b agree
+
+        origins, concrete = self._origins(f, tf.TensorSpec([None, 4]), tf.TensorSpec([None, 4]))
+        a, b = concrete.graph.inputs[:2]
+        self.assertEqual(origins.dims((a.op.name, 0))[0], origins.dims((b.op.name, 0))[0])
+
     def test_independent_inputs_have_different_origins(self):
         origins, concrete = self._origins(lambda a, b: a + b, tf.TensorSpec([None, 4]),
                                           tf.TensorSpec([None, 4]))
@@ -102,6 +127,9 @@ class GradientTest(tf.test.TestCase):
                                        [t.name for t in grads.get_concrete_function().outputs])
         self.assertNotEmpty(_bga_sums(before))
         self.assertEmpty(_bga_sums(opt.graph_def))
+        # The reshapes back to each operand's shape are gone or constant.
+        self.assertNotEmpty(_computed_reshapes(before))
+        self.assertEmpty(_computed_reshapes(opt.graph_def))
 
     def test_a_runtime_broadcast_between_independent_batches_stays_tfs(self):
         @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 4])])
