@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Set
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.report import ClusterReport
-from tf_fusionstitch.rewriters import (broadcast_gradients, clustering, explore,
+from tf_fusionstitch.rewriters import (clustering, decided_shapes, explore,
                                        function_bodies, op_table, variable_updates, xla_like)
 from tf_fusionstitch.rewriters.clustering import fusible_nodes
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
@@ -110,8 +110,7 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
     graph_def, types, _ = variable_updates.fold_variable_updates(
         graph_def, types, op_table.is_memory_intensive)
     graph_def, _ = variable_updates.forward_assigned_reads(graph_def, fetches)
-    graph_def, types, _ = broadcast_gradients.fold_broadcast_gradients(graph_def, types, fetches)
-    graph_def, types, _ = broadcast_gradients.fold_reshapes(graph_def, types)
+    graph_def, types = decided_shapes.fold(graph_def, types, fetches)
     if fusion == "xla_like":
         graph_def, types = xla_like.expand_softmax(graph_def, types)
     view = GraphView(graph_def, types)

@@ -1,4 +1,6 @@
-"""Decide TF's gradient reductions at rewrite time where the shapes decide them.
+"""Shape decisions TF leaves to runtime with a dynamic batch, settled at rewrite
+time where dim_origins.py proves them: gradient reductions, the reshapes
+back to an operand's shape, and shape arithmetic.
 
 The gradient of a broadcasting op (Add, Mul, BatchMatMul, ...) sums the
 incoming gradient over the axes an operand was broadcast along:
@@ -40,6 +42,14 @@ from tensorflow.core.framework import graph_pb2, types_pb2
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.rewriters.dim_origins import Dim, DimOrigins, monomial
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor, parse_input
+
+
+def fold(graph_def, types: Dict[Tensor, Optional[ir.TensorType]], fetches: Set[Tensor]):
+    """(GraphDef, types) with every decision below taken that can be."""
+    graph_def, types, _ = fold_shape_arithmetic(graph_def, types, fetches)
+    graph_def, types, _ = fold_broadcast_gradients(graph_def, types, fetches)
+    graph_def, types, _ = fold_reshapes(graph_def, types)
+    return graph_def, types
 
 
 def fold_broadcast_gradients(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
@@ -157,6 +167,48 @@ def fold_reshapes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]]):
         new.attr["Tshape"].type = types_pb2.DT_INT32
         types[(const.name, 0)] = ir.TensorType("int32", (len(target),))
     return out, types, len(decided)
+
+
+# Int ops on shapes whose value, once every component is static, is a constant.
+_SHAPE_ARITHMETIC = ("Prod", "Shape", "StridedSlice", "GatherV2", "Pack", "ConcatV2")
+
+
+def fold_shape_arithmetic(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
+                          fetches: Set[Tensor]):
+    """(GraphDef, types, number of nodes made constants): shape computations
+    over static sizes of tensors whose other sizes are dynamic (the product
+    of a dense layer's contracted sizes), which Grappler cannot fold."""
+    view = GraphView(graph_def, types)
+    nodes = [n for n in graph_def.node if n.op in _SHAPE_ARITHMETIC
+             and (n.name, 0) not in fetches and view.num_outputs[n.name] == 1]
+    if not nodes:
+        return graph_def, types, 0
+    origins = DimOrigins(view)
+    constants = {}
+    for node in nodes:
+        t = view.type_of((node.name, 0))
+        value = origins.value((node.name, 0))
+        if t is not None and value is not None and t.rank <= 1 and None not in t.shape \
+                and all(isinstance(d, int) for d in value):
+            constants[node.name] = np.array(value, t.dtype).reshape(t.shape)
+    if not constants:
+        return graph_def, types, 0
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    del out.node[:]
+    for node in graph_def.node:
+        new = out.node.add()
+        if node.name not in constants:
+            new.CopyFrom(node)
+            continue
+        new.name, new.op, new.device = node.name, "Const", node.device
+        # Control inputs keep their order; the data inputs are no longer read.
+        new.input.extend(s for s in node.input if s.startswith("^"))
+        value = constants[node.name]
+        new.attr["dtype"].type = types_pb2.DT_INT32 if value.dtype == np.int32 \
+            else types_pb2.DT_INT64
+        new.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
+    return out, types, len(constants)
 
 
 def summed_axes(this: List[Dim], other: List[Dim]) -> Optional[List[int]]:

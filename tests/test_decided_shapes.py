@@ -1,4 +1,4 @@
-"""Gradient reductions decided at rewrite time (rewriters/broadcast_gradients.py,
+"""Gradient reductions decided at rewrite time (rewriters/decided_shapes.py,
 rewriters/dim_origins.py): the axes, the proofs of equal dynamic dimensions,
 and optimized gradients against TF's where the batch is dynamic."""
 
@@ -7,7 +7,7 @@ import tensorflow as tf
 import tf_fusionstitch as fs
 from optimize_testlib import quiet_call, random, rng
 from tf_fusionstitch.rewriters import grappler, shapes
-from tf_fusionstitch.rewriters.broadcast_gradients import summed_axes
+from tf_fusionstitch.rewriters.decided_shapes import summed_axes
 from tf_fusionstitch.rewriters.dim_origins import DimOrigins
 from tf_fusionstitch.rewriters.graph_view import GraphView
 
@@ -130,6 +130,27 @@ class GradientTest(tf.test.TestCase):
         # The reshapes back to each operand's shape are gone or constant.
         self.assertNotEmpty(_computed_reshapes(before))
         self.assertEmpty(_computed_reshapes(opt.graph_def))
+
+    def test_static_shape_arithmetic_of_a_dynamic_tensordot_becomes_constants(self):
+        w = tf.constant(random(rng(31), (8, 5), "float32"))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 6, 8])])
+        def f(x):
+            return tf.tanh(tf.tensordot(x, w, axes=1)) * 2.0
+
+        def prods(graph_def):
+            return [n.name for n in graph_def.node if n.op == "Prod"]
+
+        opt = fs.optimize(f)
+        for batch in (2, 7):
+            x = random(rng(40 + batch), (batch, 6, 8), "float32")
+            self.assertAllClose(f(x), quiet_call(opt, x), rtol=1e-5, atol=1e-6)
+        concrete = f.get_concrete_function()
+        before = grappler.run_grappler(concrete.graph.as_graph_def(), concrete.graph,
+                                       [t.name for t in concrete.outputs])
+        # The contracted size (8) is static; the free sizes' product is not.
+        self.assertLen(prods(before), 2)
+        self.assertLen(prods(opt.graph_def), 1)
 
     def test_a_runtime_broadcast_between_independent_batches_stays_tfs(self):
         @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 4])])
