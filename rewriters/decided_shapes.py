@@ -48,7 +48,7 @@ def fold(graph_def, types: Dict[Tensor, Optional[ir.TensorType]], fetches: Set[T
     """(GraphDef, types) with every decision below taken that can be."""
     graph_def, types, _ = fold_shape_arithmetic(graph_def, types, fetches)
     graph_def, types, _ = fold_broadcast_gradients(graph_def, types, fetches)
-    graph_def, types, _ = fold_reshapes(graph_def, types)
+    graph_def, types, _ = fold_reshapes(graph_def, types, fetches)
     return graph_def, types
 
 
@@ -61,7 +61,7 @@ def fold_broadcast_gradients(graph_def, types: Dict[Tensor, Optional[ir.TensorTy
             if (n.name, 0) not in fetches and _candidate(view, n)]
     if not sums:
         return graph_def, types, 0
-    origins = DimOrigins(view)
+    origins = DimOrigins(view, fetches)
     decided: Dict[str, List[int]] = {}
     for node in sums:
         src, port, _ = parse_input(node.input[1])
@@ -112,7 +112,8 @@ def fold_broadcast_gradients(graph_def, types: Dict[Tensor, Optional[ir.TensorTy
     return out, types, len(decided)
 
 
-def fold_reshapes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]]):
+def fold_reshapes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
+                  fetches: Set[Tensor]):
     """(GraphDef, types, number of Reshapes decided): Reshapes whose target
     shape is a computed tensor, where dim_origins proves what it is."""
     view = GraphView(graph_def, types)
@@ -120,7 +121,7 @@ def fold_reshapes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]]):
                 and view.nodes[parse_input(n.input[1])[0]].op != "Const"]
     if not reshapes:
         return graph_def, types, 0
-    origins = DimOrigins(view)
+    origins = DimOrigins(view, fetches)
     decided: Dict[str, Optional[List[int]]] = {}   # None: an Identity
     for node in reshapes:
         source = origins.dims(parse_input(node.input[0])[:2])
@@ -183,7 +184,7 @@ def fold_shape_arithmetic(graph_def, types: Dict[Tensor, Optional[ir.TensorType]
              and (n.name, 0) not in fetches and view.num_outputs[n.name] == 1]
     if not nodes:
         return graph_def, types, 0
-    origins = DimOrigins(view)
+    origins = DimOrigins(view, fetches)
     constants = {}
     for node in nodes:
         t = view.type_of((node.name, 0))

@@ -23,10 +23,11 @@ An origin equality is a proof; a missing one is only "not known".
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Set, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import op_def_registry
 
 from tf_fusionstitch.rewriters import op_table
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
@@ -44,13 +45,19 @@ _MAX_VECTOR = 16
 
 
 class DimOrigins:
-    def __init__(self, view: GraphView):
+    def __init__(self, view: GraphView, fetches: Optional[Set[Tensor]] = None):
+        """With `fetches`, only ops that run (those the fetches or a stateful
+        op depend on) may make origins one: TF prunes the others unrun, so
+        they prove nothing. Without, every op counts."""
         self._view = view
         self._parent: Dict[Tuple, Tuple] = {}            # union-find of equal origins
         self._dims: Dict[Tensor, List[Dim]] = {}
         self._values: Dict[Tensor, List[Dim]] = {}      # int vectors (a scalar: length 1)
         self._scalar: Dict[Tensor, bool] = {}
+        self._runs = None if fetches is None else _ops_that_run(view, fetches)
+        self._may_unify = True
         for name in view.order:
+            self._may_unify = self._runs is None or name in self._runs
             self._visit(view.nodes[name])
 
     def dims(self, t: Tensor) -> Optional[List[Dim]]:
@@ -77,6 +84,8 @@ class DimOrigins:
 
     def unify(self, a: Dim, b: Dim) -> None:
         """Records that two sizes are equal whenever the graph runs."""
+        if not self._may_unify:
+            return
         a, b = self._find(a), self._find(b)
         if a == b or isinstance(a, int) or isinstance(b, int):
             return
@@ -119,6 +128,24 @@ class DimOrigins:
         if node.op != "Const":
             return None
         return tf.make_ndarray(node.attr["value"].tensor)
+
+
+def _ops_that_run(view: GraphView, fetches: Set[Tensor]) -> Set[str]:
+    """The fetched ops, the stateful ones (TF runs them even unfetched), and
+    every op they depend on."""
+    stack = [name for name, _ in fetches]
+    for name, node in view.nodes.items():
+        op_def = op_def_registry.get(node.op)
+        if op_def is not None and op_def.is_stateful:
+            stack.append(name)
+    runs: Set[str] = set()
+    while stack:
+        name = stack.pop()
+        if name in runs:
+            continue
+        runs.add(name)
+        stack += [src for src, _ in view.data_inputs[name]] + view.control_inputs[name]
+    return runs
 
 
 def _combine(dims: List[Dim]) -> Optional[Dim]:

@@ -152,6 +152,21 @@ class GradientTest(tf.test.TestCase):
         self.assertLen(prods(before), 2)
         self.assertLen(prods(opt.graph_def), 1)
 
+    def test_an_unused_contraction_proves_nothing(self):
+        @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 4])])
+        def grads(a, b):
+            tf.matmul(a, b, transpose_a=True)   # never runs: TF prunes it
+            with tf.GradientTape() as tape:
+                tape.watch([a, b])
+                loss = tf.reduce_sum(tf.exp(a * 0.5) * b)
+            return tape.gradient(loss, [a, b])
+
+        # Without Grappler, whose dependency pass would delete the unused op.
+        opt = fs.optimize(grads, grappler=False)
+        a, b = random(rng(50), (1, 4), "float32"), random(rng(51), (3, 4), "float32")
+        for r, o in zip(grads(a, b), quiet_call(opt, a, b)):
+            self.assertAllClose(r, o, rtol=1e-5, atol=1e-5)
+
     def test_a_runtime_broadcast_between_independent_batches_stays_tfs(self):
         @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 4])])
         def grads(a, b):
