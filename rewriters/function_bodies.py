@@ -350,6 +350,17 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass):
         view_order = GraphView(gd, gd_types).order
         nodes = {n.name: n for n in gd.node}
         call_handles: Dict[str, list] = {}
+        # A function called from several nodes of this graph gets the
+        # dimensions all those calls agree on (calls from other graphs found
+        # later with other shapes keep it as it was: `process`).
+        site_shapes: Dict[str, List[Shape]] = {}
+        for name in view_order:
+            for _, fname, start in called_functions(nodes[name], names):
+                if fname in fdefs:
+                    shapes = _site_shapes(nodes[name], start, gd_types)
+                    known = site_shapes.get(fname)
+                    site_shapes[fname] = shapes if known is None or len(known) != len(shapes) \
+                        else [_merge(a, b) for a, b in zip(known, shapes)]
         handles = _handle_types(gd, view_order, gd_types, arg_handles, call_handles)
         for name in view_order:
             node = nodes[name]
@@ -362,8 +373,10 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass):
             for attr, fname, start in calls:
                 callees.setdefault(caller, []).append(fname)
                 in_handles = [handles.get(t) for t in data[start:]]
-                ret = process(fname, _site_shapes(node, start, gd_types), in_handles,
-                              f"{caller or 'the graph'}/{name}")
+                shapes = _site_shapes(node, start, gd_types)
+                if len(site_shapes[fname]) == len(shapes):
+                    shapes = site_shapes[fname]
+                ret = process(fname, shapes, in_handles, f"{caller or 'the graph'}/{name}")
                 if attr in ("cond",):
                     continue
                 if node.op in WHILE_OPS and ret is not None:

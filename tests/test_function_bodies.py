@@ -143,6 +143,30 @@ class FunctionBodiesTest(tf.test.TestCase):
             self.assertIn("_fs", name)  # renamed: its body (or a callee) was rewritten
         self.assertLen(_fused_bodies(opt.graph_def), 2)
 
+    def test_one_function_called_with_two_batch_sizes(self):
+        """One traced function called on tensors of different static shapes: its
+        rewrite is specialised only on what every call agrees on."""
+        @tf.function(input_signature=[tf.TensorSpec([None, 4])])
+        def inner(x):
+            return tf.tanh(x * 2.0) + tf.sigmoid(x) * 0.5
+
+        @tf.function
+        def f(a, b):
+            return inner(a), inner(b)
+
+        opt = fs.optimize(f)
+        gen = rng(108)
+        a, b = random(gen, (2, 4), "float32"), random(gen, (3, 4), "float32")
+        for got, want in zip(quiet_call(opt, a, b), f(a, b)):
+            assert_same(self, got, want, **_TOL)
+        calls = {n.attr["f"].func.name for n in opt.graph_def.node
+                 if n.op in ("PartitionedCall", "StatefulPartitionedCall")}
+        self.assertLen(calls, 1)
+        library = {fn.signature.name: fn for fn in opt.graph_def.library.function}
+        fused = [n for n in library[calls.pop()].node_def if n.op == "FusionStitch"]
+        self.assertLen(fused, 1)
+        self.assertIn('"shape":[null,4]', fused[0].attr["spec"].s.decode())
+
     def test_gru_train_step_matches_tf(self):
         def build():
             model = _rnn_model(keras.layers.GRU(8), seed=104)
