@@ -303,7 +303,9 @@ class FunctionTest(tf.test.TestCase):
         for flag in (True, False):
             assert_same(self, _quiet_call(opt, x, tf.constant(flag)), f(x, tf.constant(flag)),
                         rtol=1e-5, atol=1e-6, msg=f"flag={flag}")
-        self.assertLen(fusion_stitch_nodes(opt.graph_def), 1)
+        self.assertLen([n for n in opt.graph_def.node if n.op == "FusionStitch"], 1)
+        # The loop body and both branches of the cond are fused inside their functions.
+        self.assertLen(fusion_stitch_nodes(opt.graph_def), 4)
 
     def test_train_step(self):
         """Forward, GradientTape backward and SGD updates: losses and variables match."""
