@@ -289,6 +289,22 @@ class FunctionTest(tf.test.TestCase):
         x, y = random(gen, (3, 4), "float32"), random(gen, (4,), "float32")
         assert_same(self, _quiet_call(fs.optimize(f), y=y, x=x), f(y=y, x=x), "exact")
 
+    def test_a_chain_of_a_thousand_ops_fuses(self):
+        """Long chains (an unrolled loop) fuse without reaching Python's
+        recursion limit anywhere in the schedule or code generation."""
+        @tf.function(input_signature=[tf.TensorSpec([None, 8]), tf.TensorSpec([None, 8])])
+        def f(x, y):
+            for i in range(500):
+                x = x * 1.0001 + y * 1e-4 if i % 2 else x - 1e-4
+            return x
+
+        opt = fs.optimize(f)
+        gen = rng(8070)
+        x, y = random(gen, (3, 8), "float32"), random(gen, (3, 8), "float32")
+        # No fallback (a RuntimeWarning fails _quiet_call), and the chain is fused.
+        assert_same(self, _quiet_call(opt, x, y), f(x, y), rtol=1e-5, atol=1e-5)
+        self.assertLessEqual(opt.report().kernels_after, 2, str(opt.report()))
+
     def test_control_flow_inside(self):
         @tf.function
         def f(x, flag):

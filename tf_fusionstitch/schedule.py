@@ -327,26 +327,20 @@ def _check_outputs_follow_their_inputs(cluster, dim_axes, static_extent, maybe) 
     extent could be larger than the output: refuse rather than broadcast it."""
     if not maybe:
         return
-    ops = cluster.op_by_name()
     inputs = [n for n, _ in cluster.inputs]
     pinned = {a for _, a in maybe}
     sources = {a: {i for i, n in enumerate(inputs) if a in dim_axes[n]} for a in pinned}
-    cone_memo: Dict[str, frozenset] = {}
-
-    def cone(v):  # indices of the inputs that v depends on
-        if v not in cone_memo:
-            if v in ops:
-                cone_memo[v] = frozenset().union(*(cone(i) for i in ops[v].inputs)) \
-                    if ops[v].inputs else frozenset()
-            else:
-                cone_memo[v] = frozenset({inputs.index(v)})
-        return cone_memo[v]
+    # The indices of the inputs each value depends on, in the ops' (topological)
+    # order: a loop, not a recursion, so long chains do not hit Python's limit.
+    cone = {n: frozenset({i}) for i, n in enumerate(inputs)}
+    for op in cluster.ops:
+        cone[op.name] = frozenset().union(*(cone[i] for i in op.inputs))
 
     types = cluster.types()
     for o in cluster.outputs:
         for d, a in enumerate(dim_axes[o]):
             if a in pinned and types[o].shape[d] is None and (
-                    static_extent[a] is not None or not sources[a] <= cone(o)):
+                    static_extent[a] is not None or not sources[a] <= cone[o]):
                 raise UnsupportedCluster(f"output {o} may be smaller than the iteration space "
                                          "when a dynamic dimension broadcasts at run time")
 

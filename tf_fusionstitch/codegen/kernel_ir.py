@@ -137,22 +137,29 @@ def lower(s: Schedule) -> Kernel:
     prelude: list = []
 
     def emit_col(value: str, k: int) -> str:
-        """Make `value` available inside loop k; returns its C++ name."""
+        """Make `value` available inside loop k, its operands first (a
+        post-order walk with an explicit stack, so a long chain of ops does
+        not reach Python's recursion limit); returns its C++ name."""
         in_prelude = k == n_loops
-        if value in defined[k] or (not s.is_col[value] and not in_prelude):
-            return _v(value)  # row values are defined in the row segments
         body = prelude if in_prelude else loops[k]
-        if value in input_index:
-            body.append(Load(_v(value), input_index[value], types[value].dtype))
-        elif value in s.hoisted and not in_prelude:
-            body.append(BufLoad(_v(value), _v(value), types[value].dtype, "h"))
-        elif value in s.buffered and s.phase[value] < k:
-            body.append(BufLoad(_v(value), _v(value), types[value].dtype))
-        else:
-            op = ops[value]
-            args = tuple(emit_col(i, k) for i in op.inputs)
-            body.append(_compute(op, args, types))
-        defined[k].add(value)
+        stack = [(value, False)]
+        while stack:
+            v, operands_done = stack.pop()
+            if v in defined[k] or (not s.is_col[v] and not in_prelude):
+                continue  # row values are defined in the row segments
+            if v in input_index:
+                body.append(Load(_v(v), input_index[v], types[v].dtype))
+            elif v in s.hoisted and not in_prelude:
+                body.append(BufLoad(_v(v), _v(v), types[v].dtype, "h"))
+            elif v in s.buffered and s.phase[v] < k:
+                body.append(BufLoad(_v(v), _v(v), types[v].dtype))
+            elif not operands_done:
+                stack.append((v, True))
+                stack.extend((i, False) for i in reversed(ops[v].inputs))
+                continue
+            else:
+                body.append(_compute(ops[v], tuple(_v(i) for i in ops[v].inputs), types))
+            defined[k].add(v)
         return _v(value)
 
     for v in sorted(s.hoisted, key=list(ops).index):
