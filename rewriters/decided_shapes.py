@@ -41,7 +41,8 @@ from tensorflow.core.framework import graph_pb2, types_pb2
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.rewriters.dim_origins import Dim, DimOrigins, monomial
-from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor, parse_input
+from tf_fusionstitch.rewriters.graph_view import (GraphView, Tensor, fresh_name,
+                                                  parse_input)
 
 
 def fold(graph_def, types: Dict[Tensor, Optional[ir.TensorType]], fetches: Set[Tensor]):
@@ -78,9 +79,7 @@ def fold_broadcast_gradients(graph_def, types: Dict[Tensor, Optional[ir.TensorTy
         return graph_def, types, 0
 
     types = dict(types)
-    out = graph_pb2.GraphDef()
-    out.CopyFrom(graph_def)
-    del out.node[:]
+    out = _empty_copy(graph_def)
     taken: Set[str] = set(view.nodes)
     for node in graph_def.node:
         new = out.node.add()
@@ -89,26 +88,16 @@ def fold_broadcast_gradients(graph_def, types: Dict[Tensor, Optional[ir.TensorTy
             continue
         axes = decided[node.name]
         g = view.type_of(parse_input(node.input[0])[:2])
-        control = [s for s in node.input[2:] if s.startswith("^")]
         if not axes:
-            new.op = "Identity"
-            del new.input[:]
-            new.input.extend([node.input[0]] + control)
-            for key in ("Tidx", "keep_dims"):
-                del new.attr[key]
+            _to_identity(new, node, ("Tidx", "keep_dims"))
             types[(node.name, 0)] = g
             continue
-        const = out.node.add()
-        const.name = _fresh(f"{node.name}/fs_axes", taken)
-        const.op, const.device = "Const", node.device
-        const.attr["dtype"].type = types_pb2.DT_INT32
-        const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(np.array(axes, np.int32)))
-        new.input[1] = const.name
+        new.input[1] = _int32_const(out, f"{node.name}/fs_axes", axes, node.device, taken,
+                                    types)
         new.attr["Tidx"].type = types_pb2.DT_INT32
         keep = node.attr["keep_dims"].b
         shape = [1 if a in axes else d for a, d in enumerate(g.shape) if keep or a not in axes]
         types[(node.name, 0)] = ir.TensorType(g.dtype, tuple(shape))
-        types[(const.name, 0)] = ir.TensorType("int32", (len(axes),))
     return out, types, len(decided)
 
 
@@ -137,9 +126,7 @@ def fold_reshapes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
     if not decided:
         return graph_def, types, 0
     types = dict(types)
-    out = graph_pb2.GraphDef()
-    out.CopyFrom(graph_def)
-    del out.node[:]
+    out = _empty_copy(graph_def)
     taken: Set[str] = set(view.nodes)
     for node in graph_def.node:
         new = out.node.add()
@@ -148,25 +135,16 @@ def fold_reshapes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
             continue
         target = decided[node.name]
         if target is None:
-            control = [s for s in node.input[2:] if s.startswith("^")]
-            new.op = "Identity"
-            del new.input[:]
-            new.input.extend([node.input[0]] + control)
-            del new.attr["Tshape"]
+            _to_identity(new, node, ("Tshape",))
             x = view.type_of(parse_input(node.input[0])[:2])
             y = types.get((node.name, 0))
             if x is not None and y is not None:   # equal sizes: keep what either knows
                 types[(node.name, 0)] = ir.TensorType(x.dtype, tuple(
                     a if a is not None else b for a, b in zip(x.shape, y.shape)))
             continue
-        const = out.node.add()
-        const.name = _fresh(f"{node.name}/fs_shape", taken)
-        const.op, const.device = "Const", node.device
-        const.attr["dtype"].type = types_pb2.DT_INT32
-        const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(np.array(target, np.int32)))
-        new.input[1] = const.name
+        new.input[1] = _int32_const(out, f"{node.name}/fs_shape", target, node.device, taken,
+                                    types)
         new.attr["Tshape"].type = types_pb2.DT_INT32
-        types[(const.name, 0)] = ir.TensorType("int32", (len(target),))
     return out, types, len(decided)
 
 
@@ -194,9 +172,7 @@ def fold_shape_arithmetic(graph_def, types: Dict[Tensor, Optional[ir.TensorType]
             constants[node.name] = np.array(value, t.dtype).reshape(t.shape)
     if not constants:
         return graph_def, types, 0
-    out = graph_pb2.GraphDef()
-    out.CopyFrom(graph_def)
-    del out.node[:]
+    out = _empty_copy(graph_def)
     for node in graph_def.node:
         new = out.node.add()
         if node.name not in constants:
@@ -244,16 +220,31 @@ def _candidate(view: GraphView, node) -> bool:
         if reader.op != "Reshape" or parse_input(reader.input[0])[:2] != (node.name, 0) or \
                 any(parse_input(s)[:2] == (node.name, 0) for s in reader.input[1:]):
             return False
-    return (node.name, 0) not in _fetched_names(view)
+    return True
 
 
-def _fetched_names(view: GraphView) -> Set[Tensor]:
-    return set()
+def _empty_copy(graph_def):
+    """`graph_def` without its nodes (versions and library kept)."""
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    del out.node[:]
+    return out
 
 
-def _fresh(base: str, taken: Set[str]) -> str:
-    name = base
-    while name in taken:
-        name += "_"
-    taken.add(name)
-    return name
+def _to_identity(new, node, dropped_attrs) -> None:
+    """Makes `new` (a copy of `node`) an Identity of node's first input."""
+    control = [s for s in node.input[1:] if s.startswith("^")]
+    new.op = "Identity"
+    del new.input[:]
+    new.input.extend([node.input[0]] + control)
+    for key in dropped_attrs:
+        del new.attr[key]
+
+
+def _int32_const(out, base: str, values, device: str, taken: Set[str], types) -> str:
+    const = out.node.add()
+    const.name, const.op, const.device = fresh_name(base, taken), "Const", device
+    const.attr["dtype"].type = types_pb2.DT_INT32
+    const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(np.array(values, np.int32)))
+    types[(const.name, 0)] = ir.TensorType("int32", (len(values),))
+    return const.name

@@ -24,6 +24,15 @@ def parse_input(s: str) -> Tuple[str, int, bool]:
     return s, 0, False
 
 
+def fresh_name(base: str, taken: set) -> str:
+    """`base`, or `base` with underscores appended, not in `taken` (which it joins)."""
+    name = base
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    return name
+
+
 def tensor_name(t: Tensor) -> str:
     return t[0] if t[1] == 0 else f"{t[0]}:{t[1]}"
 

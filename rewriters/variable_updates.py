@@ -40,7 +40,8 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 from tensorflow.core.framework import graph_pb2, types_pb2
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor, parse_input
+from tf_fusionstitch.rewriters.graph_view import (GraphView, Tensor, fresh_name,
+                                                  parse_input)
 
 UPDATES = {"AssignAddVariableOp": "AddV2", "AssignSubVariableOp": "Sub"}
 _FLOAT_TYPES = (types_pb2.DT_HALF, types_pb2.DT_BFLOAT16, types_pb2.DT_FLOAT,
@@ -148,14 +149,6 @@ def _foldable(node, producers, types, read_types, variables: _Variables, fusible
         types[(src, port)] == read_types.get(variables.of(node))
 
 
-def _fresh(base: str, taken: Set[str]) -> str:
-    name = base
-    while name in taken:
-        name += "_"
-    taken.add(name)
-    return name
-
-
 def _fold_one(node, out, types, taken: Set[str], after: List[str]) -> None:
     resource, delta = node.input[0], node.input[1]
     control = [s for s in node.input[2:] if s.startswith("^")]
@@ -163,13 +156,13 @@ def _fold_one(node, out, types, taken: Set[str], after: List[str]) -> None:
     src, port, _ = parse_input(delta)
 
     read = out.node.add()
-    read.name, read.op, read.device = _fresh(f"{node.name}/fs_read", taken), \
+    read.name, read.op, read.device = fresh_name(f"{node.name}/fs_read", taken), \
         "ReadVariableOp", node.device
     read.input.extend([resource] + list(dict.fromkeys(control + after)))
     read.attr["dtype"].type = dtype
 
     update = out.node.add()
-    update.name, update.op, update.device = _fresh(f"{node.name}/fs_value", taken), \
+    update.name, update.op, update.device = fresh_name(f"{node.name}/fs_value", taken), \
         UPDATES[node.op], node.device
     update.input.extend([read.name, delta])
     update.attr["T"].type = dtype
