@@ -42,6 +42,16 @@ def cpu_schedule(cluster: ir.Cluster) -> Schedule:
     N, H, W reads runs of H*W and stays fusible; the GPU schedule maps kept
     elements to lanes and keeps such reductions.)"""
     schedule = build_schedule(cluster)
+    ops = cluster.op_by_name()
+    row_axes = set(range(schedule.num_axes)) - schedule.col_axes
+    if row_axes and any(not schedule.axes_of(ops[r].inputs[0]) & row_axes
+                        for r in schedule.reductions):
+        # A reduction whose input is the same for every row (a Prod of shape
+        # sizes, a gradient's element count) would be recomputed per row, and
+        # the rows become single elements: 2.6x slower than TF on CRNN's
+        # batchnorm gradient. It stays apart, where it runs once.
+        raise UnsupportedCluster("a reduction that is the same for every row stays out of "
+                                 "a kernel over rows")
     if schedule.reductions and schedule.num_axes - 1 not in schedule.col_axes:
         reduced = [schedule.static_extent[a] for a in schedule.col_axes]
         if None in reduced or math.prod(reduced) >= STRIDED_REDUCTION_MAX:

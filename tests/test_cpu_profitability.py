@@ -1,7 +1,8 @@
 """Reductions that keep the innermost axis (a bias gradient's sum over the
 batch, NHWC batchnorm statistics) stay with TensorFlow on the CPU when their
 outer extent is dynamic or long: the fused kernel would walk each kept
-element's values a row apart (rewriters/clustering.py cpu_schedule)."""
+element's values a row apart; and a reduction that is the same for every row
+stays out of a kernel over rows (rewriters/clustering.py cpu_schedule)."""
 
 import numpy as np
 import tensorflow as tf
@@ -42,6 +43,22 @@ class StridedReductionTest(tf.test.TestCase):
         # NCHW: the reduced H and W are innermost; runs of H*W are contiguous.
         opt = self._check(lambda x: tf.reduce_sum(x * x, axis=[0, 2, 3]), (64, 8, 16, 16))
         self.assertIn("Sum", _fused_ops(opt))
+
+
+class RowInvariantReductionTest(tf.test.TestCase):
+
+    def test_a_count_from_shape_sizes_stays_out_of_the_elementwise_kernel(self):
+        # A batchnorm gradient's shape: the element count is a Prod of sizes.
+        fn = tf.function(
+            lambda x, g: g * 2.0 + x / tf.cast(tf.reduce_prod(tf.shape(x)[:3]), tf.float32),
+            input_signature=[tf.TensorSpec([None, 6, 5, 8], tf.float32)] * 2)
+        opt = fs.optimize(fn)
+        rng = np.random.default_rng(7)
+        x, g = (rng.standard_normal((3, 6, 5, 8)).astype(np.float32) for _ in range(2))
+        self.assertAllClose(opt(x, g), fn(x, g), rtol=1e-6, atol=1e-6)
+        kernels = [[op for _, op in c.tf_ops] for c in opt.report().clusters if c.fused]
+        (elementwise,) = [ops for ops in kernels if "RealDiv" in ops]
+        self.assertNotIn("Prod", elementwise, str(opt.report()))
 
 
 if __name__ == "__main__":
