@@ -4,8 +4,8 @@ StatefulPartitionedCall bodies, and, recursively, the functions those call.
 
 A recurrent layer (Keras GRU/LSTM on CPU) runs its cell as a `While` whose body
 is a FunctionDef in graph_def.library, and its gradient as a second `While`;
-every elementwise op of the cell runs once per time step, so on CPU the per-op
-overhead inside loops dominates. Each reachable function is converted to a
+every elementwise op of the cell runs once per time step as its own kernel,
+which fusion at the graph's top level never sees. Each reachable function is converted to a
 GraphDef (one Placeholder per argument, shaped from its call sites), typed by
 TF's shape inference (rewriters/shapes.py), rewritten by the same fusion pass
 with its return values and control outputs as fetches, and converted back to a
