@@ -79,26 +79,21 @@ def fold_broadcast_gradients(graph_def, types: Dict[Tensor, Optional[ir.TensorTy
         return graph_def, types, 0
 
     types = dict(types)
-    out = _empty_copy(graph_def)
-    taken: Set[str] = set(view.nodes)
-    for node in graph_def.node:
-        new = out.node.add()
-        new.CopyFrom(node)
-        if node.name not in decided:
-            continue
+
+    def edit(new, node, out, taken):
         axes = decided[node.name]
         g = view.type_of(parse_input(node.input[0])[:2])
         if not axes:
             _to_identity(new, node, ("Tidx", "keep_dims"))
             types[(node.name, 0)] = g
-            continue
+            return
         new.input[1] = _int32_const(out, f"{node.name}/fs_axes", axes, node.device, taken,
                                     types)
         new.attr["Tidx"].type = types_pb2.DT_INT32
         keep = node.attr["keep_dims"].b
         shape = [1 if a in axes else d for a, d in enumerate(g.shape) if keep or a not in axes]
         types[(node.name, 0)] = ir.TensorType(g.dtype, tuple(shape))
-    return out, types, len(decided)
+    return _edited(graph_def, decided, edit), types, len(decided)
 
 
 def fold_reshapes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
@@ -126,13 +121,8 @@ def fold_reshapes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
     if not decided:
         return graph_def, types, 0
     types = dict(types)
-    out = _empty_copy(graph_def)
-    taken: Set[str] = set(view.nodes)
-    for node in graph_def.node:
-        new = out.node.add()
-        new.CopyFrom(node)
-        if node.name not in decided:
-            continue
+
+    def edit(new, node, out, taken):
         target = decided[node.name]
         if target is None:
             _to_identity(new, node, ("Tshape",))
@@ -141,11 +131,11 @@ def fold_reshapes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
             if x is not None and y is not None:   # equal sizes: keep what either knows
                 types[(node.name, 0)] = ir.TensorType(x.dtype, tuple(
                     a if a is not None else b for a, b in zip(x.shape, y.shape)))
-            continue
+            return
         new.input[1] = _int32_const(out, f"{node.name}/fs_shape", target, node.device, taken,
                                     types)
         new.attr["Tshape"].type = types_pb2.DT_INT32
-    return out, types, len(decided)
+    return _edited(graph_def, decided, edit), types, len(decided)
 
 
 # Int ops on shapes whose value, once every component is static, is a constant.
@@ -172,12 +162,9 @@ def fold_shape_arithmetic(graph_def, types: Dict[Tensor, Optional[ir.TensorType]
             constants[node.name] = np.array(value, t.dtype).reshape(t.shape)
     if not constants:
         return graph_def, types, 0
-    out = _empty_copy(graph_def)
-    for node in graph_def.node:
-        new = out.node.add()
-        if node.name not in constants:
-            new.CopyFrom(node)
-            continue
+
+    def edit(new, node, out, taken):
+        new.Clear()
         new.name, new.op, new.device = node.name, "Const", node.device
         # Control inputs keep their order; the data inputs are no longer read.
         new.input.extend(s for s in node.input if s.startswith("^"))
@@ -185,7 +172,7 @@ def fold_shape_arithmetic(graph_def, types: Dict[Tensor, Optional[ir.TensorType]
         new.attr["dtype"].type = types_pb2.DT_INT32 if value.dtype == np.int32 \
             else types_pb2.DT_INT64
         new.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
-    return out, types, len(constants)
+    return _edited(graph_def, constants, edit), types, len(constants)
 
 
 def summed_axes(this: List[Dim], other: List[Dim]) -> Optional[List[int]]:
@@ -223,11 +210,19 @@ def _candidate(view: GraphView, node) -> bool:
     return True
 
 
-def _empty_copy(graph_def):
-    """`graph_def` without its nodes (versions and library kept)."""
+def _edited(graph_def, names, edit):
+    """A copy of `graph_def` in which `edit(new, node, out, taken)` changes the
+    copy `new` of each node named in `names` (and may add nodes to `out`,
+    naming them outside `taken`)."""
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
     del out.node[:]
+    taken: Set[str] = {n.name for n in graph_def.node}
+    for node in graph_def.node:
+        new = out.node.add()
+        new.CopyFrom(node)
+        if node.name in names:
+            edit(new, node, out, taken)
     return out
 
 
