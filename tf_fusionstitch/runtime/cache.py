@@ -73,12 +73,7 @@ def get_or_build(key: str, suffix: str,
     same suffix). Concurrent callers, in this process or others, build a key
     once: the others wait on the key's lock and then reuse the result.
     """
-    _check_name("key", key)
-    if suffix:
-        _check_name("suffix", suffix.lstrip("."))
-    directory = cache_dir()
-    artifact = directory / f"{key}{suffix}"
-    sidecar = directory / f"{key}{suffix}.sha256"
+    directory, artifact, sidecar = _entry(key, suffix)
 
     # Fast path without the lock: a mismatch only sends us to the locked path,
     # which re-checks before deleting anything.
@@ -103,13 +98,10 @@ def read_verified(key: str, suffix: str) -> bytes | None:
     cannot pair old bytes with a new hash. Raises CacheError for an unsafe
     cache directory, like get_or_build.
     """
-    _check_name("key", key)
-    if suffix:
-        _check_name("suffix", suffix.lstrip("."))
-    directory = cache_dir()
+    _, artifact, sidecar = _entry(key, suffix)
     try:
-        expected = (directory / f"{key}{suffix}.sha256").read_text(encoding="ascii").strip()
-        data = (directory / f"{key}{suffix}").read_bytes()
+        expected = sidecar.read_text(encoding="ascii").strip()
+        data = artifact.read_bytes()
     except (OSError, UnicodeDecodeError):
         return None
     if not expected or hashlib.sha256(data).hexdigest() != expected:
@@ -120,15 +112,19 @@ def read_verified(key: str, suffix: str) -> bytes | None:
 def write_verified(key: str, suffix: str, data: bytes) -> pathlib.Path:
     """Stores `data` as <cache_dir>/<key><suffix> with its sidecar hash,
     atomically and under the key's lock; replaces whatever was there."""
+    directory, artifact, sidecar = _entry(key, suffix)
+    with _KeyLock(directory / f"{key}{suffix}.lock"):
+        _build_atomically(directory, artifact, sidecar, lambda tmp: tmp.write_bytes(data))
+    return artifact
+
+
+def _entry(key: str, suffix: str):
+    """(cache directory, artifact path, sidecar path) of a checked key and suffix."""
     _check_name("key", key)
     if suffix:
         _check_name("suffix", suffix.lstrip("."))
     directory = cache_dir()
-    artifact = directory / f"{key}{suffix}"
-    sidecar = directory / f"{key}{suffix}.sha256"
-    with _KeyLock(directory / f"{key}{suffix}.lock"):
-        _build_atomically(directory, artifact, sidecar, lambda tmp: tmp.write_bytes(data))
-    return artifact
+    return directory, directory / f"{key}{suffix}", directory / f"{key}{suffix}.sha256"
 
 
 def _configured_dir() -> pathlib.Path:
