@@ -347,3 +347,60 @@ def num_elements(shape: Shape) -> Optional[int]:
     if any(d is None for d in shape):
         return None
     return math.prod(shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One connected part of a packed cluster, as a cluster of its own."""
+    cluster: Cluster
+    inputs: tuple   # per input of the part: its index among the whole cluster's inputs
+    outputs: tuple  # per output of the part: its index among the whole cluster's outputs
+
+
+def connected_parts(cluster: Cluster) -> list:
+    """The cluster's ops split where no value flows between them, in the
+    order of their first op: a packed cluster (kernel packing) has several
+    parts, every other one. Inputs that several parts read do not join them,
+    and ops without inputs (constants, which lowering shares) are copied
+    into every part that reads them."""
+    root: dict = {}
+
+    def find(x):
+        while root[x] != x:
+            root[x] = root[root[x]]
+            x = root[x]
+        return x
+
+    sources = {op.name for op in cluster.ops if not op.inputs}
+    for op in cluster.ops:
+        root[op.name] = op.name
+        for i in op.inputs:
+            if i in root and i not in sources:
+                a, b = find(i), find(op.name)
+                if a != b:
+                    root[b] = a
+    readers: dict = {}  # source op -> roots of the parts that read it
+    for op in cluster.ops:
+        for i in op.inputs:
+            if i in sources:
+                readers.setdefault(i, set()).add(find(op.name))
+    # A source that is an output, or that nothing reads, is a part of its own
+    # (written once, by that part).
+    outputs = set(cluster.outputs)
+    order = list(dict.fromkeys(
+        find(op.name) for op in cluster.ops
+        if op.name not in sources or op.name in outputs or op.name not in readers))
+    input_index = {n: i for i, (n, _) in enumerate(cluster.inputs)}
+    parts = []
+    for r in order:
+        ops = tuple(op for op in cluster.ops
+                    if (find(op.name) == r if op.name not in sources
+                        else op.name == r or r in readers.get(op.name, ())))
+        used = {i for op in ops for i in op.inputs if i in input_index}
+        ins = tuple(sorted(input_index[n] for n in used))
+        outs = tuple(j for j, o in enumerate(cluster.outputs)
+                     if (o not in sources and o in root and find(o) == r) or o == r)
+        sub = Cluster(tuple(cluster.inputs[i] for i in ins), ops,
+                      tuple(cluster.outputs[j] for j in outs))
+        parts.append(Part(sub, ins, outs))
+    return parts

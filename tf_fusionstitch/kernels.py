@@ -15,7 +15,7 @@ from tf_fusionstitch.runtime import cache, cpu_compiler
 
 # Bumped whenever generated code changes meaning for the same spec, so a kernel
 # key never names code from an older generator.
-GENERATOR_VERSION = "cpu-9"
+GENERATOR_VERSION = "cpu-10"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +26,7 @@ class CompiledKernel:
     source: str
     num_loops: int
     buffered: tuple
+    parts: int = 1           # a packed kernel's parts (codegen/pack.py)
 
 
 def build_cpu_kernel(cluster: ir.Cluster, timeout: float = 120) -> CompiledKernel:
@@ -35,5 +36,5 @@ def build_cpu_kernel(cluster: ir.Cluster, timeout: float = 120) -> CompiledKerne
     generated = generate_cpp(cluster)
     path = cpu_compiler.compile_shared_object(generated.source, timeout=timeout)
     key = cache.content_key(GENERATOR_VERSION, spec)[:32]
-    return CompiledKernel(key, spec, path, generated.source, generated.schedule.num_loops,
-                          tuple(sorted(generated.schedule.buffered)))
+    return CompiledKernel(key, spec, path, generated.source, generated.num_loops,
+                          generated.buffered, len(generated.schedules))

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Optional
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.codegen import gpu_printer, kernel_ir, printer, shape_fn
+from tf_fusionstitch.codegen import gpu_printer, kernel_ir, pack, printer, shape_fn
 from tf_fusionstitch.gpu_schedule import GpuPlan, plan_gpu
 from tf_fusionstitch.schedule import Schedule, build_schedule
 
@@ -16,12 +16,24 @@ from tf_fusionstitch.schedule import Schedule, build_schedule
 @dataclasses.dataclass(frozen=True)
 class GeneratedKernel:
     source: str
-    schedule: Schedule
+    schedules: tuple         # one Schedule; one per part of a packed kernel
+
+    @property
+    def num_loops(self) -> int:
+        return max(s.num_loops for s in self.schedules)
+
+    @property
+    def buffered(self) -> tuple:
+        return tuple(sorted(set().union(*(s.buffered for s in self.schedules))))
 
 
 def generate_cpp(cluster: ir.Cluster) -> GeneratedKernel:
-    """Validates the cluster and prints its C++ kernel (docs/KERNEL_ABI.md)."""
+    """Validates the cluster and prints its C++ kernel (docs/KERNEL_ABI.md);
+    a cluster of unconnected parts becomes a packed kernel (codegen/pack.py)."""
     cluster.validate()
+    parts = ir.connected_parts(cluster)
+    if len(parts) > 1:
+        return GeneratedKernel(*pack.generate_packed_cpp(cluster, parts))
     sched = build_schedule(cluster)
     kernel = kernel_ir.lower(sched)
     target = printer.CPP
@@ -32,7 +44,7 @@ def generate_cpp(cluster: ir.Cluster) -> GeneratedKernel:
         printer.print_kernel(kernel, target),
         "",
     ])
-    return GeneratedKernel(source, sched)
+    return GeneratedKernel(source, (sched,))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +78,7 @@ def generate_gpu_emulation(cluster: ir.Cluster, reverse_threads: bool = False, g
     plan = plan or plan_gpu(build_schedule(cluster), gpu)
     source = "\n".join([_host_part(plan), gpu_printer.print_emulation(plan, reverse_threads),
                         ""])
-    return GeneratedKernel(source, plan.schedule)
+    return GeneratedKernel(source, (plan.schedule,))
 
 
 def _host_part(plan: GpuPlan) -> str:

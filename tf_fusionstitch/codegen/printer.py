@@ -243,9 +243,12 @@ def _literal(value, dtype: str, limits: str = "std::numeric_limits") -> str:
 
 
 class _Printer:
-    def __init__(self, kernel: k.Kernel, target: Target):
+    def __init__(self, kernel: k.Kernel, target: Target, symbol: str = "fs_run",
+                 linkage: str = ""):
         self.k = kernel
         self.t = target
+        self.symbol = symbol
+        self.linkage = linkage or target.export
         self.lines: List[str] = []
         self.streaming = False   # set per kernel: does any loop stream its stores?
 
@@ -403,7 +406,7 @@ class _Printer:
     def kernel(self) -> str:
         kr = self.k
         e = self.emit
-        e(f"{self.t.export} void fs_run(int64_t begin, int64_t end, const int64_t* ext, "
+        e(f"{self.linkage} void {self.symbol}(int64_t begin, int64_t end, const int64_t* ext, "
           "void* const* bufs) {", 0)
         for i, tn in enumerate(kr.tensors):
             st = STORAGE[tn.dtype]
@@ -559,9 +562,12 @@ class _Printer:
         return out
 
 
-def print_kernel(kernel: k.Kernel, target: Target = CPP) -> str:
-    body = _Printer(kernel, target).kernel()
-    return body
+def print_kernel(kernel: k.Kernel, target: Target = CPP, symbol: str = "fs_run",
+                 linkage: str = "") -> str:
+    """The block function, exported as `symbol` (fs_run); a packed kernel
+    (codegen/pack.py) prints its parts with `linkage="static"` under names
+    of their own."""
+    return _Printer(kernel, target, symbol, linkage).kernel()
 
 
 def headers(target: Target = CPP) -> str:

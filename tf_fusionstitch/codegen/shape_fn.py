@@ -24,22 +24,31 @@ def num_ext(s: Schedule) -> int:
 
 
 def print_meta(s: Schedule, export: str) -> str:
-    c = s.cluster
+    return format_meta(s.cluster, num_ext(s), s.forward, export)
+
+
+def format_meta(c, n_ext: int, forward, export: str) -> str:
+    """`fs_meta` of cluster `c` with `n_ext` run-time extents and the
+    (output, input) buffer `forward` pairs."""
     types = c.types()
-    vals: List[int] = [ABI_VERSION, len(c.inputs), len(c.outputs), num_ext(s)]
+    vals: List[int] = [ABI_VERSION, len(c.inputs), len(c.outputs), n_ext]
     vals += [t.rank for _, t in c.inputs]
     vals += [types[o].rank for o in c.outputs]
     vals += [DTYPE_CODES[t.dtype] for _, t in c.inputs]
     vals += [DTYPE_CODES[types[o].dtype] for o in c.outputs]
-    vals += [len(s.forward)]
-    for j, i in s.forward:
+    vals += [len(forward)]
+    for j, i in forward:
         vals += [j, i]
     return f"{export} const int64_t fs_meta[] = {{{', '.join(map(str, vals))}}};"
 
 
-def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str) -> str:
+def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str, symbol: str = "fs_shape",
+                   input_numbers=None) -> str:
+    """`input_numbers`: the op's input index of each of the cluster's inputs,
+    for error messages (a packed kernel's part reads some of the op's inputs)."""
     c = s.cluster
-    lines = [f"{export} int fs_shape(const int64_t* in_dims, int64_t* out_dims, int64_t* ext, "
+    numbers = list(input_numbers) if input_numbers is not None else list(range(len(c.inputs)))
+    lines = [f"{export} int {symbol}(const int64_t* in_dims, int64_t* out_dims, int64_t* ext, "
              "int64_t* work, char* err, int64_t errlen) {",
              "  char msg[512];"]
     offsets, off = [], 0
@@ -81,7 +90,7 @@ def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str) -> str:
         exp = ", ".join(f"(long long){w}" for w in want)
         lines += [
             f"  if ({cond}) {{",
-            f'    std::snprintf(msg, sizeof msg, "Incompatible shapes: FusionStitch input {i} '
+            f'    std::snprintf(msg, sizeof msg, "Incompatible shapes: FusionStitch input {numbers[i]} '
             f'({name}) has shape [{shown}] where [{shown}] is required (dimensions that '
             f'broadcasting ties together must agree; a dimension unknown when the function '
             f'was optimized may not broadcast at run time)", {got}, {exp});',

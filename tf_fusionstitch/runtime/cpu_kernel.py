@@ -127,23 +127,9 @@ class CpuKernel:
             raise ValueError(f"threads must be >= 1, got {threads}")
         arrays = self._check_inputs(inputs)
         meta = self.meta
-        in_dims = _int64_array([d for a in arrays for d in a.shape])
-        out_dims = _int64_array([0] * sum(meta.out_ranks))
-        ext = _int64_array([0] * meta.n_ext)
-        work = _int64_array([0, 0])
-        err = ctypes.create_string_buffer(_ERR_LEN)
-        if self._shape(in_dims, out_dims, ext, work, err, _ERR_LEN) != 0:
-            message = err.value.decode("utf-8", errors="replace") or "(no message)"
-            raise KernelShapeError(message)
-
-        outputs, pos = [], 0
-        for rank, dtype in zip(meta.out_ranks, self.out_dtypes):
-            shape = tuple(out_dims[pos:pos + rank])
-            pos += rank
-            if any(d < 0 for d in shape):
-                raise KernelLoadError(f"kernel {self.path}: fs_shape returned a negative "
-                                      f"output extent {shape} (a code generation bug)")
-            outputs.append(_aligned_empty(shape, dtype))
+        out_shapes, ext, work = self.shape_call([a.shape for a in arrays])
+        outputs = [_aligned_empty(shape, dtype)
+                   for shape, dtype in zip(out_shapes, self.out_dtypes)]
         if forward:
             arrays = list(arrays)
             taken = set()  # outputs and inputs already paired, as in TF: once each
@@ -163,6 +149,28 @@ class CpuKernel:
         if total > 0:
             self._run_items(total, ext, bufs, threads)
         return outputs
+
+    def shape_call(self, input_shapes: Sequence[tuple]):
+        """fs_shape for inputs of these shapes: (output shapes, the `ext`
+        array, the `work` array); KernelShapeError with the kernel's message."""
+        meta = self.meta
+        in_dims = _int64_array([d for shape in input_shapes for d in shape])
+        out_dims = _int64_array([0] * sum(meta.out_ranks))
+        ext = _int64_array([0] * meta.n_ext)
+        work = _int64_array([0, 0])
+        err = ctypes.create_string_buffer(_ERR_LEN)
+        if self._shape(in_dims, out_dims, ext, work, err, _ERR_LEN) != 0:
+            message = err.value.decode("utf-8", errors="replace") or "(no message)"
+            raise KernelShapeError(message)
+        out_shapes, pos = [], 0
+        for rank in meta.out_ranks:
+            shape = tuple(out_dims[pos:pos + rank])
+            pos += rank
+            if any(d < 0 for d in shape):
+                raise KernelLoadError(f"kernel {self.path}: fs_shape returned a negative "
+                                      f"output extent {shape} (a code generation bug)")
+            out_shapes.append(shape)
+        return out_shapes, ext, work
 
     def _check_inputs(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         meta = self.meta

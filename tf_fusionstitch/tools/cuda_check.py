@@ -5,7 +5,8 @@ JSON files given with --clusters, this generates the CUDA kernel, compiles
 it with NVRTC for each --arch, reads ptxas' registers, shared memory and
 spills (and the occupancy they allow), runs the C++ emulation of the CUDA schedule and prints the largest
 error: against NumPy for the patterns, against the CPU kernel for spec
-files (random inputs; every dynamic dimension takes each --rows value).
+files (random inputs; every dynamic dimension takes each --rows value); a
+packed spec (unconnected parts in one CPU launch, codegen/pack.py) part by part.
 Exits with status 1 when a kernel spills or an error exceeds its tolerance.
 
 With --gpu (V100, A100, H100, H200) each kernel is the plan the latency
@@ -39,6 +40,7 @@ import numpy as np
 
 from tf_fusionstitch import array_interpreter, gpu_choice, gpu_cost, gpu_kernels, patterns
 from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch.codegen import pack
 from tf_fusionstitch.gpu_occupancy import SM_LIMITS, occupancy
 from tf_fusionstitch.gpu_schedule import plan_gpu
 from tf_fusionstitch.kernels import build_cpu_kernel
@@ -285,7 +287,17 @@ def main(argv):
                  for name, p in patterns.standard_patterns().items()]
     for path in FLAGS.clusters:
         cluster = ir.Cluster.from_json(pathlib.Path(path).read_text())
-        work.append((pathlib.Path(path).stem, cluster, None, FLAGS.rtol, FLAGS.atol))
+        stem = pathlib.Path(path).stem
+        parts = ir.connected_parts(cluster)
+        if len(parts) > 1:  # a packed CPU kernel: each part is a CUDA kernel of its own
+            try:
+                parts, _ = pack.schedulable_parts(cluster, parts)
+            except UnsupportedCluster:
+                pass  # check() reports the parts it cannot schedule
+            work += [(f"{stem}.part{i}", p.cluster, None, FLAGS.rtol, FLAGS.atol)
+                     for i, p in enumerate(parts) if p.cluster.outputs]
+        else:
+            work.append((stem, cluster, None, FLAGS.rtol, FLAGS.atol))
     results = []
     for name, cluster, reference, rtol, atol in work:
         row = check(name, cluster, reference, rtol, atol, rows_values, archs, rng,

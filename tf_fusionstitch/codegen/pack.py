@@ -1,0 +1,188 @@
+"""A packed kernel: several unconnected parts of one cluster in one launch
+(the paper's kernel packing; PAPERS.md, section 1).
+
+Each part (fusion_ir.connected_parts) gets its own schedule and is printed
+as an ordinary kernel under private names (`fs_shape_p<i>`, `fs_run_p<i>`).
+The exported `fs_meta`, `fs_shape` and `fs_run` (docs/KERNEL_ABI.md) of the
+pack combine them:
+
+- `ext` holds every part's run-time extents one after another, then per
+  part its number of work items, then per part its number of *chunks*;
+- the pack's work items are the chunks: a part's items are cut into chunks
+  of about equal estimated cost, so the thread pool's split of the pack's
+  items (which assumes they cost alike) balances a large part against small
+  ones; chunk `c` of a part with `n` items in `k` chunks runs its items
+  `[c * n / k, (c + 1) * n / k)`;
+- an input buffer may become an output only when a single part reads it.
+
+No TensorFlow import here.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch.codegen import kernel_ir, printer, shape_fn
+from tf_fusionstitch.schedule import Schedule, UnsupportedCluster, build_schedule
+
+# The pack's estimated cost (the parts' work items times their cost each) is
+# cut into at most this many chunks, and no chunk is cheaper than
+# MIN_CHUNK_COST (the thread pool's cost unit, about cycles): enough chunks
+# to balance dozens of threads, few enough that a chunk's own overhead (its
+# row buffers, its hoisted values) stays small.
+MAX_CHUNKS = 64
+MIN_CHUNK_COST = 20000
+
+
+def generate_packed_cpp(cluster: ir.Cluster, parts: List[ir.Part]):
+    """C++ source of a packed kernel and its parts' schedules."""
+    parts, schedules = schedulable_parts(cluster, parts)
+    kernels = [kernel_ir.lower(s) for s in schedules]
+    target = printer.CPP
+    pieces = [printer.headers(target)]
+    for i, (part, s, kern) in enumerate(zip(parts, schedules, kernels)):
+        pieces.append(f"// part {i}: inputs {list(part.inputs)}, outputs {list(part.outputs)}")
+        pieces.append(shape_fn.print_shape_fn(s, kern, "static", f"fs_shape_p{i}",
+                                              input_numbers=part.inputs))
+        pieces.append(printer.print_kernel(kern, target, f"fs_run_p{i}", "static"))
+    n_ext = [shape_fn.num_ext(s) for s in schedules]
+    ext_at = [sum(n_ext[:i]) for i in range(len(parts))]
+    items_at = sum(n_ext)
+    chunks_at = items_at + len(parts)
+    pieces.append(shape_fn.format_meta(cluster, chunks_at + len(parts),
+                                       _forward_pairs(parts, schedules), target.export))
+    pieces.append(_shape_fn(cluster, parts, ext_at, items_at, chunks_at, target.export))
+    pieces.append(_run_fn(cluster, parts, ext_at, items_at, chunks_at, target.export))
+    pieces.append("")
+    return "\n".join(pieces), tuple(schedules)
+
+
+def schedulable_parts(cluster: ir.Cluster, parts: List[ir.Part]):
+    """The parts that write outputs, each with a schedule. A part that cannot
+    be scheduled alone joins another part with which it can: a cluster that
+    was legal as one kernel may still fall apart into pieces (a row-wise part
+    needs the reduction of another to be a row value), and packing must not
+    undo it. Raises UnsupportedCluster when a part fits nowhere."""
+    parts = [p for p in parts if p.cluster.outputs]  # ops nothing reads do nothing
+    while True:
+        schedules: List[Schedule] = []
+        for i, part in enumerate(parts):
+            try:
+                schedules.append(build_schedule(part.cluster))
+            except UnsupportedCluster as alone:
+                failed, reason = i, alone
+                break
+        else:
+            return parts, schedules
+        for j, other in enumerate(parts):
+            if j == failed:
+                continue
+            joined = _join(cluster, parts[failed], other)
+            try:
+                build_schedule(joined.cluster)
+            except UnsupportedCluster:
+                continue
+            parts[min(failed, j)] = joined
+            del parts[max(failed, j)]
+            break
+        else:
+            raise reason
+
+
+def _join(cluster: ir.Cluster, a: ir.Part, b: ir.Part) -> ir.Part:
+    names = {op.name for op in a.cluster.ops + b.cluster.ops}
+    ins = tuple(sorted(set(a.inputs) | set(b.inputs)))
+    outs = tuple(sorted(set(a.outputs) | set(b.outputs)))
+    sub = ir.Cluster(tuple(cluster.inputs[i] for i in ins),
+                     tuple(op for op in cluster.ops if op.name in names),
+                     tuple(cluster.outputs[j] for j in outs))
+    return ir.Part(sub, ins, outs)
+
+
+def _forward_pairs(parts, schedules) -> list:
+    readers: dict = {}
+    for p in parts:
+        for i in p.inputs:
+            readers[i] = readers.get(i, 0) + 1
+    return [(p.outputs[j], p.inputs[i]) for p, s in zip(parts, schedules)
+            for j, i in s.forward if readers[p.inputs[i]] == 1]
+
+
+def _shape_fn(cluster, parts, ext_at, items_at, chunks_at, export) -> str:
+    in_offset, off = [], 0
+    for _, t in cluster.inputs:
+        in_offset.append(off)
+        off += t.rank
+    types = cluster.types()
+    out_offset, off = [], 0
+    for o in cluster.outputs:
+        out_offset.append(off)
+        off += types[o].rank
+    lines = [f"{export} int fs_shape(const int64_t* in_dims, int64_t* out_dims, int64_t* ext, "
+             "int64_t* work, char* err, int64_t errlen) {",
+             f"  int64_t cost[{len(parts)}], total = 0;"]
+    for p, part in enumerate(parts):
+        sub = part.cluster
+        dims = [f"in_dims[{in_offset[i] + d}]" for i in part.inputs
+                for d in range(cluster.inputs[i][1].rank)]
+        n_out = sum(t.rank for t in (sub.types()[o] for o in sub.outputs))
+        lines += [
+            "  {",
+            f"    const int64_t in[{max(len(dims), 1)}] = {{{', '.join(dims) or '0'}}};",
+            f"    int64_t out[{max(n_out, 1)}], w[2] = {{0, 0}};",
+            f"    if (fs_shape_p{p}(in, out, ext + {ext_at[p]}, w, err, errlen)) return 1;",
+        ]
+        k = 0
+        for j in part.outputs:
+            for d in range(types[cluster.outputs[j]].rank):
+                lines.append(f"    out_dims[{out_offset[j] + d}] = out[{k}];")
+                k += 1
+        lines += [f"    ext[{items_at + p}] = w[0];",
+                  f"    cost[{p}] = w[0] * w[1];",
+                  f"    total += cost[{p}];",
+                  "  }"]
+    lines += [
+        # Chunks of about equal cost: the thread pool splits the pack's items
+        # evenly, as if each cost work[1].
+        f"  const int64_t quantum = total / {MAX_CHUNKS} > {MIN_CHUNK_COST} ? "
+        f"total / {MAX_CHUNKS} : {MIN_CHUNK_COST};",
+        "  int64_t chunks = 0;",
+        f"  for (int p = 0; p < {len(parts)}; ++p) {{",
+        f"    const int64_t items = ext[{items_at} + p];",
+        "    int64_t c = (cost[p] + quantum - 1) / quantum;",
+        "    c = items == 0 ? 0 : c < 1 ? 1 : c > items ? items : c;",
+        f"    ext[{chunks_at} + p] = c;",
+        "    chunks += c;",
+        "  }",
+        "  work[0] = chunks;",
+        "  work[1] = chunks ? total / chunks + 1 : 1;",
+        "  (void)in_dims; (void)out_dims;",
+        "  return 0;",
+        "}",
+    ]
+    return "\n".join(lines)
+
+
+def _run_fn(cluster, parts, ext_at, items_at, chunks_at, export) -> str:
+    lines = [f"{export} void fs_run(int64_t begin, int64_t end, const int64_t* ext, "
+             "void* const* bufs) {",
+             "  int64_t first = 0;  // the pack's first item (chunk) of the part"]
+    for p, part in enumerate(parts):
+        bufs = [f"bufs[{i}]" for i in part.inputs]
+        bufs += [f"bufs[{len(cluster.inputs) + j}]" for j in part.outputs]
+        lines += [
+            "  {",
+            f"    const int64_t items = ext[{items_at + p}], chunks = ext[{chunks_at + p}];",
+            "    const int64_t lo = begin > first ? begin : first;",
+            "    const int64_t hi = end < first + chunks ? end : first + chunks;",
+            "    if (lo < hi) {",
+            f"      void* const part_bufs[{len(bufs)}] = {{{', '.join(bufs)}}};",
+            f"      fs_run_p{p}((lo - first) * items / chunks, (hi - first) * items / chunks, "
+            f"ext + {ext_at[p]}, part_bufs);",
+            "    }",
+            "    first += chunks;",
+            "  }",
+        ]
+    lines += ["}"]
+    return "\n".join(lines)
