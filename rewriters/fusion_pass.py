@@ -2,7 +2,8 @@
 
 Find fusible nodes (op table), form clusters by one of three strategies, build
 one kernel per cluster, and substitute. "stitch" (clustering.py) lets a
-reduction share a kernel with the ops that read it; "xla_like" (xla_like.py)
+reduction share a kernel with the ops that read it, then packs kernels that
+no path connects into one launch (packing.py); "xla_like" (xla_like.py)
 follows XLA's rules, for comparison; "explore" (explore.py) searches fusion
 plans with FusionStitching's delta evaluator and packs independent kernels.
 Any cluster whose kernel cannot be generated, compiled or registered stays as
@@ -25,7 +26,8 @@ from typing import Callable, Dict, List, Set
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.report import ClusterReport
 from tf_fusionstitch.rewriters import (clustering, decided_shapes, explore,
-                                       function_bodies, op_table, variable_updates, xla_like)
+                                       function_bodies, op_table, packing, variable_updates,
+                                       xla_like)
 from tf_fusionstitch.rewriters.clustering import fusible_nodes
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.kernel_count import memory_intensive_kernels
@@ -62,17 +64,18 @@ def _prims(c: ir.Cluster) -> int:
 def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
                     build: Callable[[ir.Cluster], object],
                     min_cluster_ops: int = 2, fusion: str = "stitch",
-                    explore_k: int = 3, explore_beam: int = 3) -> PassResult:
-    """`build(cluster)` returns an object with .key/.spec/.num_loops/.buffered
+                    explore_k: int = 3, explore_beam: int = 3, pack: bool = True) -> PassResult:
+    """`build(cluster)` returns an object with .key/.spec/.num_loops/.buffered/.parts
     (kernels.CompiledKernel) after making it runnable, or raises. `fusion` is
     one of FUSION_STRATEGIES; explore_k and explore_beam are fusion="explore"'s
-    candidate patterns per vertex and beam width."""
+    candidate patterns per vertex and beam width; `pack`: fusion="stitch"
+    packs kernels that no path connects (packing.py)."""
     if fusion not in FUSION_STRATEGIES:
         raise ValueError(f"fusion={fusion!r}: expected one of {', '.join(FUSION_STRATEGIES)}")
 
     def run_pass(gd, gd_types, gd_fetches):
         return _fuse_graph(gd, gd_types, gd_fetches, build, min_cluster_ops, fusion,
-                           explore_k, explore_beam)
+                           explore_k, explore_beam, pack)
 
     result = run_pass(graph_def, types, fetches)
     if not graph_def.library.function:
@@ -104,7 +107,7 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
 
 
 def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: int,
-                fusion: str, explore_k: int, explore_beam: int) -> PassResult:
+                fusion: str, explore_k: int, explore_beam: int, pack: bool) -> PassResult:
     """The pass over `graph_def`'s own nodes."""
     before = memory_intensive_kernels(graph_def)  # of the graph as given, before any expansion
     graph_def, types, _ = variable_updates.fold_variable_updates(
@@ -127,6 +130,8 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
         exploration = str(stats)
     else:
         groups = clustering.form_clusters(view, candidates, fetches)
+        if pack:
+            groups = packing.pack_clusters(view, groups, fetches)
     lowered: List[LoweredCluster] = []
     for nodes in groups:
         lc = lower_nodes(view, nodes, fetches)
@@ -153,7 +158,8 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
             continue
         replacements.append(Replacement(lc, kernel.key, kernel.spec))
         reports.append(ClusterReport("", tf_ops, True, kernel_key=kernel.key,
-                                     loops=kernel.num_loops, buffered=kernel.buffered))
+                                     loops=kernel.num_loops, buffered=kernel.buffered,
+                                     parts=kernel.parts))
     new_gd, tensor_map = substitute(view, replacements)
     fused_names = iter(n.name for n in new_gd.node if n.op == "FusionStitch")
     for r in reports:

@@ -147,7 +147,11 @@ def assert_reduction_close(case, actual, expected, x, axes, kind: str, keepdims:
 
 
 def optimize_and_run(fn, *args, min_cluster_ops: int = 1, **options):
-    """(optimized, TF result, optimized result) for one call on `args`."""
+    """(optimized, TF result, optimized result) for one call on `args`.
+    Kernels are not packed unless `pack=True` is passed: these tests count
+    clusters per op; tests/test_packing.py covers packing."""
+    if options.get("fusion", "stitch") == "stitch":
+        options.setdefault("pack", False)
     opt = fs.optimize(fn, min_cluster_ops=min_cluster_ops, **options)
     expected = fn(*args)
     with warnings.catch_warnings():

@@ -164,8 +164,8 @@ class NeighbourMergeTest(tf.test.TestCase):
 class RemoteFusionTest(tf.test.TestCase):
 
     def test_independent_chains_pack_into_one_kernel(self):
-        """Two chains with no data between them: stitch makes two kernels,
-        explore's remote fusion packs them into one."""
+        """Two chains with no data between them: stitch without packing makes
+        two kernels; explore's remote fusion and stitch's packing, one."""
         @tf.function(input_signature=[tf.TensorSpec([8, HIDDEN]), tf.TensorSpec([8, HIDDEN])])
         def f(a, b):
             return tf.tanh(a * 2.0 + 1.0), tf.exp(b * 0.5) - 1.0
@@ -174,13 +174,14 @@ class RemoteFusionTest(tf.test.TestCase):
         args = (random(gen, (8, HIDDEN), "float32"), random(gen, (8, HIDDEN), "float32"))
         expected = f(*args)
         counts = {}
-        for fusion in ("stitch", "explore"):
-            opt = fs.optimize(f, fusion=fusion)
+        for plan, options in (("unpacked", {"pack": False}), ("stitch", {}),
+                              ("explore", {"fusion": "explore"})):
+            opt = fs.optimize(f, **options)
             actual = quiet_call(opt, *args)
             for a, e in zip(actual, expected):
-                assert_same(self, a, e, "transcendental", msg=fusion)
-            counts[fusion] = (opt.report().kernels_after, len(fusion_stitch_nodes(opt.graph_def)))
-        self.assertEqual(counts, {"stitch": (2, 2), "explore": (1, 1)})
+                assert_same(self, a, e, "transcendental", msg=plan)
+            counts[plan] = (opt.report().kernels_after, len(fusion_stitch_nodes(opt.graph_def)))
+        self.assertEqual(counts, {"unpacked": (2, 2), "stitch": (1, 1), "explore": (1, 1)})
         self.assertIn("1 kernel(s) packed by remote fusion", str(opt.report()))
 
     def test_packing_never_closes_a_cycle(self):

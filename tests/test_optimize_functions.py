@@ -408,7 +408,7 @@ class FunctionTest(tf.test.TestCase):
         assert_reduction_close(self, actual["b"]["c"], expected["b"]["c"], x * y, [-1], "sum",
                                False)
         assert_same(self, actual["e"][0], expected["e"][0], "exact")
-        self.assertGreaterEqual(len(fusion_stitch_nodes(opt.graph_def)), 2)
+        self.assertGreaterEqual(sum(c.parts for c in opt.report().fused_clusters), 2)
 
     def test_single_tensor_and_tuple_outputs(self):
         gen = rng(8150)
@@ -552,7 +552,9 @@ class FunctionTest(tf.test.TestCase):
             opt = fs.optimize(f, min_cluster_ops=1)
             actual, expected = _quiet_call(opt, x, b), f(x, b)
             msg = f"x{xs} b{bs}"
-            self.assertLen(opt.report().fused_clusters, 3, f"{msg}\n{opt.report()}")
+            # three kernels, packed into one launch (no path joins them)
+            self.assertEqual([c.parts for c in opt.report().fused_clusters], [3],
+                             f"{msg}\n{opt.report()}")
             assert_same(self, actual[0], expected[0], "transcendental", msg=msg)
             assert_reduction_close(self, actual[1], expected[1], expected[0] ** 2, [-1], "sum",
                                    False, msg=msg)
@@ -627,13 +629,15 @@ class FunctionTest(tf.test.TestCase):
         self.assertIsNone(opt.graph_def)
         _quiet_call(opt, random(rng(8760), (3, 8), "float32"))
         r = opt.report()
-        self.assertLen(r.fused_clusters, 2)
+        self.assertLen(r.fused_clusters, 1)  # two kernels that no path joins: one launch
+        self.assertEqual(r.fused_clusters[0].parts, 2)
         self.assertGreater(r.kernels_before, r.kernels_after)
-        self.assertEqual(r.kernels_after, 2)
+        self.assertEqual(r.kernels_after, 1)
         self.assertGreaterEqual(r.compilations, 0)
         text = str(r)
         self.assertIn("[fused]", text)
         self.assertIn("Softmax", text)
+        self.assertIn("2 parts packed", text)
 
 
 class FallbackTest(tf.test.TestCase):
@@ -646,7 +650,9 @@ class FallbackTest(tf.test.TestCase):
         # two independent clusters: both must fall back
         return tf.nn.softmax(x * 1.5) + 0.5, tf.exp(y) * y - 2.0
 
-    def _run_falling_back(self, env, reason, cache_dir=None, **options):
+    def _run_falling_back(self, env, reason, cache_dir=None, clusters=2, **options):
+        """`clusters`: the fallbacks expected (2 unless the two are packed)."""
+        options.setdefault("pack", clusters == 1)
         cache = cache_dir or tempfile.mkdtemp(prefix="fs-empty-cache-")
         f = tf.function(self._two_clusters)
         gen = rng(9000)
@@ -672,7 +678,7 @@ class FallbackTest(tf.test.TestCase):
         for w in runtime:
             self.assertIn("report", str(w.message))
         report = opt.report()
-        self.assertLen(report.fallbacks, 2, str(report))
+        self.assertLen(report.fallbacks, clusters, str(report))
         self.assertEmpty(report.fused_clusters)
         for c in report.fallbacks:
             self.assertFalse(c.fused)
@@ -685,6 +691,11 @@ class FallbackTest(tf.test.TestCase):
 
     def test_compiler_fails(self):
         self._run_falling_back({"CXX": "false"}, "compil")
+
+    def test_a_pack_falls_back_whole(self):
+        report = self._run_falling_back({"CXX": "false"}, "compil", clusters=1)
+        self.assertCountEqual({t for _, t in report.fallbacks[0].tf_ops},
+                              {"Mul", "Softmax", "AddV2", "Exp", "Sub", "Identity"})
 
     def test_compiler_missing(self):
         report = self._run_falling_back({"CXX": "/nonexistent/c++"}, "compil")

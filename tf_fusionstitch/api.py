@@ -39,6 +39,8 @@ _OPTIONS = {
                "(FusionStitching's plan exploration with remote fusion)"),
     "explore_k": (int, 3, "fusion='explore': candidate patterns kept per op (1 to 8)"),
     "explore_beam": (int, 3, "fusion='explore': beam width of the plan search (1 to 16)"),
+    "pack": (bool, True, "fusion='stitch': pack kernels that no path connects into one "
+             "launch (rewriters/packing.py)"),
     "rewrite_cache": (bool, True, "reuse the rewrite of an identical traced graph from the "
                       "disk cache (tf_fusionstitch/rewrite_cache.py)"),
 }
@@ -203,7 +205,8 @@ class OptimizedFunction:
             fetches.add((src, port))
         result = run_fusion_pass(graph_def, types, fetches, self._build,
                                  self._options["min_cluster_ops"], self._options["fusion"],
-                                 self._options["explore_k"], self._options["explore_beam"])
+                                 self._options["explore_k"], self._options["explore_beam"],
+                                 self._options["pack"])
         output_names = []
         for name in outputs:
             src, port, _ = parse_input(name)
@@ -261,7 +264,8 @@ def optimize(fn, **options) -> OptimizedFunction:
     ("stitch", the default; "xla_like": XLA's fusion rules, to compare;
     "explore": plan exploration, rewriters/explore.py), explore_k (candidate
     patterns per op, default 3) and explore_beam (beam width, default 3),
-    both for fusion="explore" only; rewrite_cache (bool, default True): reuse
+    both for fusion="explore" only; pack (bool, default True; fusion="stitch"
+    only): kernels that no path connects share one launch; rewrite_cache (bool, default True): reuse
     the rewrite of an identical traced graph (same options, TensorFlow and
     tf_fusionstitch code) from the disk cache, tf_fusionstitch/rewrite_cache.py.
     """
@@ -291,6 +295,10 @@ def optimize(fn, **options) -> OptimizedFunction:
         resolved.setdefault(key, default)
     if resolved["min_cluster_ops"] < 1:
         raise ValueError("optimize() option min_cluster_ops must be at least 1")
+    if "pack" in options and resolved["fusion"] != "stitch":
+        raise ValueError(f"optimize() option pack applies only to fusion='stitch' (got "
+                         f"fusion={resolved['fusion']!r}: xla_like never packs, explore packs "
+                         f"by its own search); drop pack")
     for key, (lo, hi) in _EXPLORE_RANGES.items():
         if key in options and resolved["fusion"] != "explore":
             raise ValueError(f"optimize() option {key} applies only to fusion='explore' "

@@ -17,6 +17,7 @@ class ClusterReport:
     kernel_key: str = ""
     loops: int = 0                     # column loops per row (1 + reductions in sequence)
     buffered: Tuple[str, ...] = ()     # values kept in a per-row buffer
+    parts: int = 1                     # unconnected parts packed in one launch
 
 
 @dataclasses.dataclass
@@ -59,7 +60,8 @@ class Report:
             ops = ", ".join(t for _, t in c.tf_ops)
             if c.fused:
                 extra = f", buffered {', '.join(c.buffered)}" if c.buffered else ""
-                lines.append(f"  [fused] {c.name}: {len(c.tf_ops)} ops, {c.loops} loop(s)"
+                packed = f", {c.parts} parts packed" if c.parts > 1 else ""
+                lines.append(f"  [fused] {c.name}: {len(c.tf_ops)} ops{packed}, {c.loops} loop(s)"
                              f"{extra}: {ops}")
             else:
                 lines.append(f"  [fallback] {c.name}: {ops}\n      reason: {c.reason}")

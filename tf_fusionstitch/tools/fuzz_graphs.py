@@ -2097,7 +2097,7 @@ def run_cases(cases: Sequence[dict], draws: int = 2, stats: BatchStats = None,
     report = opt.report()
     stats.graphs += len(cases)
     if report is not None:
-        stats.kernels += len(report.fused_clusters)
+        stats.kernels += sum(c.parts for c in report.fused_clusters)  # packs count per part
         stats.fallbacks += len(report.fallbacks)
     offsets = np.cumsum([0] + [len(c["outputs"]) for c in cases])
     for k in range(draws):
