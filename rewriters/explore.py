@@ -50,6 +50,7 @@ import math
 import time
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
+from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.rewriters import op_table
 from tf_fusionstitch.rewriters.clustering import LOWERING_ERRORS, cpu_schedule, creates_cycle
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
@@ -84,9 +85,6 @@ COSTS = {
     # scales all terms alike, so the ranking of patterns hardly depends on it.
     "dynamic_extent": 32,
 }
-
-_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
-                "int32": 4, "int64": 8, "bool": 1}
 
 
 @dataclasses.dataclass
@@ -128,13 +126,7 @@ class _Explorer:
     # -- delta evaluator -------------------------------------------------------
 
     def _bytes(self, t: Tensor) -> int:
-        tt = self.view.type_of(t)
-        if tt is None:
-            return 0
-        n = 1
-        for d in tt.shape:
-            n *= COSTS["dynamic_extent"] if d is None else d
-        return n * _DTYPE_BYTES.get(tt.dtype, 4)
+        return self.view.tensor_bytes(t, COSTS["dynamic_extent"])
 
     def _node_traffic(self, name: str) -> int:
         """Bytes one TF op moves alone: its inputs and outputs (0 for ops
@@ -161,7 +153,7 @@ class _Explorer:
         rows = math.prod(ext[a] for a in range(schedule.num_axes)
                          if a not in schedule.col_axes)
         bw = COSTS["bandwidth"]
-        row_buffers = [col * _DTYPE_BYTES.get(types[v].dtype, 4) for v in schedule.buffered]
+        row_buffers = [col * ir.DTYPE_BYTES.get(types[v].dtype, 4) for v in schedule.buffered]
         spill = 0
         if sum(row_buffers) > COSTS["row_cache_bytes"]:
             spill += sum(row_buffers) - COSTS["row_cache_bytes"]
@@ -170,7 +162,7 @@ class _Explorer:
             spill += sum(sorted(row_buffers)[:extra])
         penalty = 2 * spill * rows / bw  # written out and read back
         if schedule.num_loops > 1 and not schedule.tiled:
-            row_inputs = sum(col * _DTYPE_BYTES.get(t.dtype, 4)
+            row_inputs = sum(col * ir.DTYPE_BYTES.get(t.dtype, 4)
                              for name, t in lowered.cluster.inputs
                              if schedule.axes_of(name) & schedule.col_axes)
             penalty += (schedule.num_loops - 1) * row_inputs * rows / (

@@ -91,3 +91,14 @@ class GraphView:
 
     def type_of(self, t: Tensor) -> Optional[ir.TensorType]:
         return self.types.get(t)
+
+    def tensor_bytes(self, t: Tensor, dynamic_extent: int) -> int:
+        """Bytes of `t`, a dimension unknown at trace time counted as
+        `dynamic_extent` (0 for a tensor of unknown type)."""
+        tt = self.types.get(t)
+        if tt is None:
+            return 0
+        count = 1
+        for d in tt.shape:
+            count *= dynamic_extent if d is None else d
+        return count * ir.DTYPE_BYTES.get(tt.dtype, 4)

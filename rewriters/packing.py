@@ -9,6 +9,11 @@ grew last (kernels close in the order, so a pack holds back little work),
 else opens one. A unit joins a pack when
 - no path leads from one to the other (a path through other kernels too:
   packing both would make the pack wait for itself), and
+- the pack starts no later than any member may start without lengthening
+  the longest path through the graph (in ops): a pack runs when the last of
+  its members could, so a kernel on the critical path never waits for one
+  computed off it (a recurrent cell's gate beside its state update), while
+  an optimizer's updates, which nothing waits for, still share a launch;
 - the pack stays within PACK_MAX_BYTES of inputs and outputs: a pack's
   outputs are allocated together and its inputs live until the whole pack
   runs, so packing big kernels (an optimizer's update of every weight)
@@ -16,12 +21,15 @@ else opens one. A unit joins a pack when
   small kernels).
 
 Reachability is kept as bit sets over units: `desc[p]`, the units reachable
-from pack p (through any nodes, every cluster counted as one node). Joining p and u makes everything that
-reached either reach what both reach; the closure is updated in place, so
-each check is two mask tests instead of a graph walk.
+from pack p (through any nodes, every cluster counted as one node). Joining
+p and u makes everything that reached either reach what both reach; the
+closure is updated in place, so each check is two mask tests instead of a
+graph walk.
 
 A lone op that stays with TensorFlow when alone (one primitive: no fusion
-to gain) is a unit too: packed, it shares a launch.
+to gain) is a unit too, but only joins a pack that holds a fused kernel (a
+pack of lone ops only costs more per call than TF's own small ops), and not
+when it reads a matmul's or convolution's result (TF fuses it into that).
 """
 
 from __future__ import annotations
@@ -29,17 +37,14 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Set
 
 from tf_fusionstitch.rewriters import op_table
+from tf_fusionstitch.rewriters.explore import COSTS
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 
 # Inputs plus outputs of one pack, bytes, at most (dimensions unknown at
-# trace time counted as DYNAMIC_EXTENT).
+# trace time counted as explore.COSTS["dynamic_extent"]).
 PACK_MAX_BYTES = 64 << 20
-DYNAMIC_EXTENT = 32  # as explore.COSTS["dynamic_extent"]
 # Open packs a unit tries, the most recently grown first.
 PACK_CANDIDATES = 8
-
-_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
-                "int32": 4, "int64": 8, "bool": 1}
 
 
 def pack_clusters(view: GraphView, groups: List[List[str]],
@@ -47,16 +52,20 @@ def pack_clusters(view: GraphView, groups: List[List[str]],
     """`groups` (every candidate node in one, as the strategies return them)
     with packs merged; each group's nodes in topological order."""
     position = view.position
-    units = [g for g in groups if any(op_table.is_memory_intensive(view.nodes[n].op)
-                                      for n in g)]
+    units = [g for g in groups if _launches(view, g) > 1
+             or _launches(view, g) == 1 and not _after_contraction(view, g)]
     units.sort(key=lambda g: max(position[n] for n in g))
-    desc = _descendants(view, groups, units)
-    if desc is None:
+    single = [_launches(view, g) == 1 for g in units]
+    graph = _unit_graph(view, groups, units)
+    if graph is None:
         return groups
+    desc, earliest, latest = graph
     size = [_boundary_bytes(view, g, fetches) for g in units]
 
     members: Dict[int, List[int]] = {}   # pack id (its first unit) -> units
     mask: Dict[int, int] = {}            # pack id -> bit set of its units
+    start: Dict[int, int] = {}           # pack id -> its members' latest earliest start
+    deadline: Dict[int, int] = {}        # pack id -> its members' earliest latest start
     recent: List[int] = []               # open pack ids, most recently grown last
     absorbed: Set[int] = set()           # units inside a pack of another id
     for u, _ in enumerate(units):
@@ -64,11 +73,13 @@ def pack_clusters(view: GraphView, groups: List[List[str]],
         if size[u] <= PACK_MAX_BYTES:
             for p in reversed(recent[-PACK_CANDIDATES:]):
                 fits = sum(size[m] for m in members[p]) + size[u] <= PACK_MAX_BYTES
-                if fits and not desc[p] & (1 << u) and not desc[u] & mask[p]:
+                on_time = max(start[p], earliest[u]) <= min(deadline[p], latest[u])
+                if fits and on_time and not desc[p] & (1 << u) and not desc[u] & mask[p]:
                     joined = p
                     break
         if joined is None:
             members[u], mask[u] = [u], 1 << u
+            start[u], deadline[u] = earliest[u], latest[u]
             recent.append(u)
             continue
         members[joined].append(u)
@@ -83,30 +94,46 @@ def pack_clusters(view: GraphView, groups: List[List[str]],
                 desc[q] |= both
         desc[joined] = both
         mask[joined] = grown
+        start[joined] = max(start[joined], earliest[u])
+        deadline[joined] = min(deadline[joined], latest[u])
         recent.remove(joined)
         recent.append(joined)
 
-    packed = {n for g in units for n in g}
+    # A pack of lone ops only would replace cheap TF ops by a launch of ours,
+    # which costs more per call on small tensors: those stay apart.
+    packs = [us for us in members.values() if len(us) > 1 and not all(single[u] for u in us)]
+    packed = {n for us in packs for u in us for n in units[u]}
     out = [g for g in groups if not set(g) & packed]
-    for p, us in members.items():
+    for us in packs:
         out.append(sorted((n for u in us for n in units[u]), key=position.get))
     out.sort(key=lambda g: position[g[0]])
     return out
 
 
-def _descendants(view: GraphView, groups: List[List[str]],
-                 units: List[List[str]]) -> Optional[List[int]]:
-    """Per unit, the bit set of units a path from it reaches (data or
-    control) in the graph where every group is one node: a path may enter a
-    cluster at one node and leave it at another."""
+_CONTRACTIONS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
+                           "Conv2D", "Conv3D", "DepthwiseConv2dNative", "Einsum"})
+# Ops that take no time worth counting on a path (aliases, constants, arguments).
+_FREE_OPS = frozenset({"Identity", "IdentityN", "NoOp", "Const", "Placeholder", "_Arg",
+                       "_Retval", "ReadVariableOp", "Reshape", "StopGradient", "Snapshot"})
+
+
+def _unit_graph(view: GraphView, groups: List[List[str]], units: List[List[str]]):
+    """In the graph where every group is one node (a path may enter a
+    cluster at one node and leave it at another), per unit: the bit set of
+    units a path from it reaches (data or control), its earliest start (the
+    longest path to it, in ops) and its latest start that does not lengthen
+    the longest path through the graph. None if the groups feed each other
+    in a cycle (the strategies never leave one; nothing is packed then)."""
     node_of: Dict[str, object] = {n: ("group", i) for i, g in enumerate(groups) for n in g}
     unit_bit = {node_of[g[0]]: 1 << u for u, g in enumerate(units)}
     succ: Dict[object, Set[object]] = {}
     indegree: Dict[object, int] = {}
+    weight: Dict[object, int] = {}
     for name in view.order:
         a = node_of.get(name, name)
         succ.setdefault(a, set())
         indegree.setdefault(a, 0)
+        weight[a] = 1 if a != name else int(view.nodes[name].op not in _FREE_OPS)
         for c in view.consumers[name]:
             b = node_of.get(c, c)
             if b != a and b not in succ[a]:
@@ -121,15 +148,37 @@ def _descendants(view: GraphView, groups: List[List[str]],
             indegree[b] -= 1
             if indegree[b] == 0:
                 ready.append(b)
-    if len(order) != len(indegree):  # the strategies never leave one; pack nothing then
+    if len(order) != len(indegree):
         return None
+    earliest = {a: 0 for a in order}
+    for a in order:
+        for b in succ[a]:
+            earliest[b] = max(earliest[b], earliest[a] + weight[a])
     below: Dict[object, int] = {}
+    height: Dict[object, int] = {}  # longest path from a's start to the end, a included
     for a in reversed(order):
-        bits = 0
+        bits, tail = 0, 0
         for b in succ[a]:
             bits |= below[b] | unit_bit.get(b, 0)
-        below[a] = bits
-    return [below[node_of[g[0]]] for g in units]
+            tail = max(tail, height[b])
+        below[a], height[a] = bits, weight[a] + tail
+    longest = max(earliest[a] + height[a] for a in order)
+    keys = [node_of[g[0]] for g in units]
+    return ([below[a] for a in keys], [earliest[a] for a in keys],
+            [longest - height[a] for a in keys])
+
+
+def _launches(view: GraphView, nodes: List[str]) -> int:
+    """Memory-intensive ops in the group: what TF would launch for it."""
+    return sum(op_table.is_memory_intensive(view.nodes[n].op) for n in nodes)
+
+
+def _after_contraction(view: GraphView, nodes: List[str]) -> bool:
+    """Whether a lone op reads a matmul's or convolution's result: TF's own
+    graph optimizer (remapper) fuses a bias add or an activation there into
+    the contraction's kernel, which is better than any launch of ours."""
+    return any(view.nodes[src].op in _CONTRACTIONS for n in nodes
+               for src, _ in view.data_inputs[n])
 
 
 def _boundary_bytes(view: GraphView, nodes: List[str], fetches: Set[Tensor]) -> int:
@@ -142,13 +191,4 @@ def _boundary_bytes(view: GraphView, nodes: List[str], fetches: Set[Tensor]) -> 
             t = (n, port)
             if t in fetches or any(c not in inside for c in view.data_consumers.get(t, ())):
                 tensors.add(t)
-    total = 0
-    for t in tensors:
-        tt = view.type_of(t)
-        if tt is None:
-            continue
-        count = 1
-        for d in tt.shape:
-            count *= DYNAMIC_EXTENT if d is None else d
-        total += count * _DTYPE_BYTES.get(tt.dtype, 4)
-    return total
+    return sum(view.tensor_bytes(t, COSTS["dynamic_extent"]) for t in tensors)

@@ -160,16 +160,25 @@ class PackingTest(tf.test.TestCase):
             packing.PACK_MAX_BYTES = old
         self.assertLen(fusion_stitch_nodes(opt.graph_def), 2)
 
-    def test_single_ops_pack_into_one_launch(self):
-        # One op alone stays TF's (nothing fuses); packed, they share a launch.
+    def test_lone_ops_join_a_fused_kernel_launch_only(self):
+        # One op alone stays TF's (nothing fuses). Beside a fused kernel it
+        # joins that launch; two lone ops do not make a launch of their own,
+        # and a bias add on a matmul's result stays for TF to fuse into it.
         @tf.function
-        def f(x, y):
-            return tf.tanh(x), tf.exp(y)
+        def f(x, y, z, w):
+            return tf.tanh(x), tf.exp(y), tf.sin(z) * 2.0 + 1.0, tf.nn.bias_add(
+                tf.matmul(x, w), y[:4])
 
         gen = rng(7)
-        opt = self._check(f, random(gen, (40, 3), "float32"), random(gen, (11,), "float32"))
-        self.assertEqual(_fused_sets(opt), [["Exp", "Identity", "Identity", "Tanh"]])
-        self.assertEqual(opt.report().kernels_after, 1)
+        args = [random(gen, (40, 3), "float32"), random(gen, (11,), "float32"),
+                random(gen, (6, 5), "float32"), random(gen, (3, 4), "float32")]
+        opt = self._check(f, *args)
+        (ops,) = _fused_sets(opt)
+        self.assertContainsSubset({"Tanh", "Exp", "Sin"}, ops)
+        self.assertNotIn("BiasAdd", ops)
+
+        lone = self._check(tf.function(lambda x, y: (tf.tanh(x), tf.exp(y))), *args[:2])
+        self.assertEmpty(fusion_stitch_nodes(lone.graph_def))
 
     def test_pack_is_an_option_of_stitch_only(self):
         f = tf.function(lambda x: tf.tanh(x) * 2.0)

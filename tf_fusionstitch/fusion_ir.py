@@ -24,6 +24,8 @@ Shape = tuple  # tuple[Optional[int], ...]; None is an extent known only at run 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 INT_DTYPES = ("int32", "int64")
 DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8,
+               "bool": 1}
 # fs_meta dtype codes: TF's DataType enum numbers, so the op checks Tin/Tout against them as is.
 DTYPE_CODES = {"float32": 1, "float64": 2, "int32": 3, "int64": 9, "bool": 10,
                "bfloat16": 14, "float16": 19}

@@ -32,7 +32,7 @@ import math
 from typing import Optional, Union
 
 from tf_fusionstitch.codegen import kernel_ir as k
-from tf_fusionstitch.fusion_ir import EXPENSIVE
+from tf_fusionstitch.fusion_ir import DTYPE_BYTES, EXPENSIVE
 from tf_fusionstitch.gpu_occupancy import SM_LIMITS, SmLimits, blocks_per_sm
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE
 
@@ -121,8 +121,7 @@ UNROLLED_SAVING = 6
 UNROLLED_WORDS = 0.5
 UNROLLED_HEAVY_WORDS = 1.0
 
-_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8,
-          "bool": 1}
+_BYTES = DTYPE_BYTES
 # Compute type's width (16-bit floats compute in float32; printer.COMPUTE).
 _WORDS = {"float16": 1, "bfloat16": 1, "float32": 1, "float64": 2, "int32": 1, "int64": 2,
           "bool": 1}
