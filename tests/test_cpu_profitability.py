@@ -1,8 +1,9 @@
 """Reductions that keep the innermost axis (a bias gradient's sum over the
-batch, NHWC batchnorm statistics) stay with TensorFlow on the CPU when their
-outer extent is dynamic or long: the fused kernel would walk each kept
-element's values a row apart; and a reduction that is the same for every row
-stays out of a kernel over rows (rewriters/clustering.py cpu_schedule)."""
+batch, NHWC batchnorm statistics) fuse on the CPU as blocks of adjacent kept
+elements, but stay with TensorFlow when a long or dynamic outer extent would
+leave one work item for one thread; and a reduction that is the same for
+every row stays out of a kernel over rows (rewriters/clustering.py
+cpu_schedule)."""
 
 import numpy as np
 import tensorflow as tf
@@ -24,10 +25,14 @@ class StridedReductionTest(tf.test.TestCase):
         self.assertAllClose(got, want, rtol=1e-5, atol=1e-4 * float(np.abs(want).max()))
         return opt
 
-    def test_bias_gradient_over_a_long_batch_stays_with_tensorflow(self):
+    def test_bias_gradient_over_a_long_batch_fuses_as_blocks_of_kept_elements(self):
         opt = self._check(lambda dy: tf.reduce_sum(dy * 2.0, axis=0), (5000, 64))
+        self.assertIn("Sum", _fused_ops(opt))
+
+    def test_too_few_kept_elements_for_two_threads_stay_with_tensorflow(self):
+        opt = self._check(lambda dy: tf.reduce_sum(dy * 2.0, axis=0), (5000, 8))
         self.assertNotIn("Sum", _fused_ops(opt))
-        self.assertIn("keeps the innermost axis", str(opt.report()))
+        self.assertIn("keeps the innermost axis over 8 kept elements", str(opt.report()))
 
     def test_dynamic_batch_stays_with_tensorflow(self):
         fn = tf.function(lambda x: tf.reduce_mean(tf.square(x - 1.0), axis=[0, 1, 2]),

@@ -35,7 +35,7 @@ def generate_cpp(cluster: ir.Cluster) -> GeneratedKernel:
     if len(parts) > 1:
         return GeneratedKernel(*pack.generate_packed_cpp(cluster, parts))
     sched = build_schedule(cluster)
-    kernel = kernel_ir.lower(sched)
+    kernel = kernel_ir.lower(sched, kernel_ir.cpu_lanes(sched))
     target = printer.CPP
     source = "\n".join([
         printer.headers(target),

@@ -99,9 +99,26 @@ class Kernel:
     hoisted: Dict[str, str]        # hoisted value -> dtype
     prelude: list                  # column loop run once per call for the hoisted values
     reduce_axes: tuple             # iteration axes reduced (for mean's count)
+    # CPU only: a work item is `lanes` adjacent elements of the innermost row
+    # group instead of one row, every row value an array over them, and each
+    # column loop runs the lanes innermost (contiguous, vectorised); 0: off.
+    lanes: int = 0
 
 
-def lower(s: Schedule) -> Kernel:
+# Lanes per work item when a reduction keeps the innermost axis: one AVX-512
+# vector of float32, so a column step reads one cache line per item.
+CPU_LANES = 16
+
+
+def cpu_lanes(s: Schedule) -> int:
+    """CPU_LANES when the cluster reduces and keeps the innermost axis (a
+    bias gradient, NHWC batchnorm statistics): a kernel over single kept
+    elements would walk each one's values a row apart; else 0."""
+    return CPU_LANES if s.reductions and s.num_axes - 1 not in s.col_axes else 0
+
+
+def lower(s: Schedule, lanes: int = 0) -> Kernel:
+    """The kernel IR of schedule `s`; `lanes`: see Kernel.lanes (cpu_lanes)."""
     c = s.cluster
     types = c.types()
     ops = c.op_by_name()
@@ -204,7 +221,7 @@ def lower(s: Schedule) -> Kernel:
         row_groups=row_groups, tiled=s.tiled, segments=segments, loops=loops,
         accumulators=accs, buffers={_v(b): types[b].dtype for b in sorted(s.buffered)},
         hoisted={_v(h): types[h].dtype for h in sorted(s.hoisted)}, prelude=prelude,
-        reduce_axes=tuple(sorted(s.col_axes)) if not s.tiled else ())
+        reduce_axes=tuple(sorted(s.col_axes)) if not s.tiled else (), lanes=lanes)
 
 
 def _v(name: str) -> str:

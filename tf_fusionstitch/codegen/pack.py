@@ -38,7 +38,7 @@ MIN_CHUNK_COST = 20000
 def generate_packed_cpp(cluster: ir.Cluster, parts: List[ir.Part]):
     """C++ source of a packed kernel and its parts' schedules."""
     parts, schedules = schedulable_parts(cluster, parts)
-    kernels = [kernel_ir.lower(s) for s in schedules]
+    kernels = [kernel_ir.lower(s, kernel_ir.cpu_lanes(s)) for s in schedules]
     target = printer.CPP
     pieces = [printer.headers(target)]
     for i, (part, s, kern) in enumerate(zip(parts, schedules, kernels)):

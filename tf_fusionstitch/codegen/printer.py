@@ -249,8 +249,18 @@ class _Printer:
         self.t = target
         self.symbol = symbol
         self.linkage = linkage or target.export
+        # Lane-blocked kernels (Kernel.lanes): row values are arrays over the
+        # item's lanes, read as v[l]; the lanes' group is the last row group.
+        self.lanes = kernel.lanes
+        self.lane_group = kernel.row_groups[-1] if kernel.lanes else None
+        self.row_arrays = {st.dst for seg in kernel.segments for st in seg
+                           if isinstance(st, (k.Load, k.Compute, k.Finish))} if kernel.lanes \
+            else set()
         self.lines: List[str] = []
         self.streaming = False   # set per kernel: does any loop stream its stores?
+
+    def ref(self, name: str) -> str:
+        return f"{name}[l]" if name in self.row_arrays else name
 
     def emit(self, line: str, indent: int) -> None:
         self.lines.append("  " * indent + line)
@@ -307,6 +317,8 @@ class _Printer:
     def index(self, tensor: int, in_loop: bool) -> str:
         """Element offset of a tensor at the current row (and column)."""
         parts = [f"o{tensor}"]
+        if self.lanes and self.lane_group in self.k.tensors[tensor].groups:
+            parts.append(f"(l0 + l) * s{tensor}_{self.lane_group}")
         if in_loop:
             spans = self.k.tensors[tensor].groups
             for g in self.k.col_groups:
@@ -322,6 +334,9 @@ class _Printer:
 
     # -- statements --------------------------------------------------------
     def stmt(self, st, indent: int, in_loop: bool) -> None:
+        if self.lanes:
+            self.lane_stmt(st, indent, in_loop)
+            return
         if isinstance(st, k.Load):
             ct = COMPUTE[st.dtype]
             self.emit(f"const {ct} {st.dst} = {self.load(st.tensor, st.dtype, self.index(st.tensor, in_loop))};", indent)
@@ -339,6 +354,38 @@ class _Printer:
         else:
             raise TypeError(f"unknown statement {st!r}")
 
+    def lane_stmt(self, st, indent: int, in_loop: bool) -> None:
+        """A statement of a lane-blocked kernel, inside the lane loop: row
+        values (defined in the row segments) are arrays, column values
+        scalars of the loop body."""
+        def define(dst: str, dtype: str, value: str) -> None:
+            if dst in self.row_arrays:
+                self.emit(f"{dst}[l] = {value};", indent)
+            else:
+                self.emit(f"const {COMPUTE[dtype]} {dst} = {value};", indent)
+
+        if isinstance(st, k.Load):
+            define(st.dst, st.dtype, self.load(st.tensor, st.dtype, self.index(st.tensor, in_loop)))
+        elif isinstance(st, k.Compute):
+            args = tuple(self.ref(a) for a in st.args)
+            define(st.dst, st.dtype, self.expr(dataclasses.replace(st, args=args)))
+        elif isinstance(st, k.Store):
+            self.emit(f"t{st.tensor}[{self.index(st.tensor, in_loop)}] = "
+                      f"{self.store_value(self.ref(st.src), st.dtype)};", indent)
+        elif isinstance(st, k.BufStore):
+            self.emit(f"{st.pool}_{st.src}[{self.buffer_index(st.pool)}] = {st.src};", indent)
+        elif isinstance(st, k.BufLoad):
+            self.emit(f"const {COMPUTE[st.dtype]} {st.dst} = "
+                      f"{st.pool}_{st.src}[{self.buffer_index(st.pool)}];", indent)
+        elif isinstance(st, k.Finish):
+            define(st.dst, st.dtype, self.finished_value(st, "[l]"))
+        else:
+            raise TypeError(f"unknown statement {st!r}")
+
+    def buffer_index(self, pool: str) -> str:
+        # a row's buffer holds every lane's column (the hoisted pool does not vary by row)
+        return f"cl * {self.lanes} + l" if self.lanes and pool == "b" else "cl"
+
     def acc_type(self, dtype: str, kind: str) -> str:
         if kind in ("reduce_any", "reduce_all"):
             return "int"
@@ -349,20 +396,35 @@ class _Printer:
     def init_acc(self, acc: k.Accumulate, indent: int) -> None:
         ident, _, _ = _REDUCE[acc.kind]
         t = self.acc_type(acc.dtype, acc.kind)
+        flag = False
         if ident in ("lowest", "highest"):
             floating = acc.dtype in ir.FLOAT_DTYPES
             if floating:
                 ident = ("-" if ident == "lowest" else "") + f"{self.t.limits}<{t}>::infinity()"
-                self.emit(f"int n_{acc.acc} = 0;", indent)
+                flag = True
             else:
                 ident = f"{self.t.limits}<{t}>::{'lowest' if ident == 'lowest' else 'max'}()"
+        if self.lanes:  # one accumulator (and NaN flag) per lane
+            if flag:
+                self.emit(f"int n_{acc.acc}[{self.lanes}];", indent)
+            self.emit(f"{t} a_{acc.acc}[{self.lanes}];", indent)
+            self.emit(f"for (int64_t l = 0; l < {self.lanes}; ++l) {{ a_{acc.acc}[l] = {ident};"
+                      + (f" n_{acc.acc}[l] = 0;" if flag else "") + " }", indent)
+            return
+        if flag:
+            self.emit(f"int n_{acc.acc} = 0;", indent)
         self.emit(f"{t} a_{acc.acc} = {ident};", indent)
 
     def finish(self, st: k.Finish, indent: int) -> None:
+        self.emit(f"const {COMPUTE[st.dtype]} {st.dst} = {self.finished_value(st, '')};", indent)
+
+    def finished_value(self, st: k.Finish, lane: str) -> str:
+        """The reduction's row value from its accumulator (`lane`: "[l]" in
+        a lane-blocked kernel)."""
         t = COMPUTE[st.dtype]
-        value = f"a_{st.dst}"
+        value = f"a_{st.dst}{lane}"
         if st.kind in ("reduce_max", "reduce_min") and st.dtype in ir.FLOAT_DTYPES:
-            value = f"(n_{st.dst} ? {self.t.limits}<{t}>::quiet_NaN() : {value})"
+            value = f"(n_{st.dst}{lane} ? {self.t.limits}<{t}>::quiet_NaN() : {value})"
         elif st.kind == "reduce_mean":
             if st.dtype in ir.INT_DTYPES:
                 value = f"(count_r ? ({t})({value} / ({t})count_r) : ({t})0)"
@@ -370,7 +432,7 @@ class _Printer:
                 value = f"({value} / ({t})count_r)"
         elif st.kind in ("reduce_any", "reduce_all"):
             value = f"({value} != 0)"
-        self.emit(f"const {t} {st.dst} = {value};", indent)
+        return value
 
     def declare_extents(self, indent: int) -> None:
         """Block-uniform sizes: group extents g*, strides s*_*, count_r, n_cols
@@ -421,28 +483,48 @@ class _Printer:
             e("const bool fs_big = (" + " + ".join(f"({z})" for z in sizes)
               + ") * 4 >= fs_stream_min_bytes; (void)fs_big;", 1)
         for pool, bufs in (("b", kr.buffers), ("h", kr.hoisted)):
+            per_col = f" * {self.lanes}" if self.lanes and pool == "b" else ""
             for b, dtype in bufs.items():
-                e(f"{COMPUTE[dtype]}* {pool}_{b} = new {COMPUTE[dtype]}[n_cols > 0 ? n_cols : 1];",
-                  1)
+                e(f"{COMPUTE[dtype]}* {pool}_{b} = new {COMPUTE[dtype]}"
+                  f"[n_cols > 0 ? n_cols{per_col} : 1];", 1)
         if kr.prelude:  # hoisted values: once per call, not per row; no row offsets
             for i in range(len(kr.tensors)):
                 e(f"const int64_t o{i} = 0;", 1)
+            lanes, self.lanes = self.lanes, 0  # the prelude does not vary by row
             self.loop(kr.prelude, [], 1, False)
+            self.lanes = lanes
+        rows = kr.row_groups
+        if self.lanes:
+            rows = rows[:-1]
+            e(f"const int64_t n_blocks = (g{self.lane_group} + {self.lanes - 1}) / {self.lanes};",
+              1)
         e("for (int64_t item = begin; item < end; ++item) {", 1)
         e("int64_t r = item;", 2)
         if kr.tiled and kr.col_groups:
             e("const int64_t tile = r % n_tiles; r /= n_tiles;", 2)
-        for g in reversed(kr.row_groups):
+        if self.lanes:
+            gl, n = self.lane_group, self.lanes
+            e(f"const int64_t l0 = (r % n_blocks) * {n}; r /= n_blocks;", 2)
+            e(f"const int64_t nl = g{gl} - l0 < {n} ? g{gl} - l0 : {n};", 2)
+            for name in sorted(self.row_arrays, key=lambda v: v):
+                e(f"{self.row_array_type(name)} {name}[{n}];", 2)
+        for g in reversed(rows):
             # The outermost group needs no division: item < work, so r < g there.
-            e(f"const int64_t i{g} = r;" if g == kr.row_groups[0] else
+            e(f"const int64_t i{g} = r;" if g == rows[0] else
               f"const int64_t i{g} = r % g{g}; r /= g{g};", 2)
         e("(void)r;", 2)
         for i, tn in enumerate(kr.tensors):
-            terms = [f"i{g} * s{i}_{g}" for g in tn.groups if g in kr.row_groups]
+            terms = [f"i{g} * s{i}_{g}" for g in tn.groups if g in rows]
             e(f"const int64_t o{i} = " + (" + ".join(terms) or "0") + f"; (void)o{i};", 2)
         for seg in range(len(kr.segments)):
-            for st in kr.segments[seg]:
-                self.stmt(st, 2, False)
+            if self.lanes and kr.segments[seg]:
+                e("for (int64_t l = 0; l < nl; ++l) {", 2)
+                for st in kr.segments[seg]:
+                    self.stmt(st, 3, False)
+                e("}", 2)
+            else:
+                for st in kr.segments[seg]:
+                    self.stmt(st, 2, False)
             if seg < len(kr.loops):
                 self.loop(kr.loops[seg], kr.accumulators[seg], 2, kr.tiled)
         e("}", 1)
@@ -471,6 +553,10 @@ class _Printer:
             self.body(stmts, accs, indent)
             e("}", indent - 1)
             return
+        if self.lanes:
+            self.lane_loop(stmts, accs, indent)
+            e("}", indent - 1)
+            return
         # cl: the column's linear index within the row (buffers are indexed by it).
         prev = "0"
         for n, g in enumerate(groups):
@@ -497,11 +583,40 @@ class _Printer:
             e("}", indent)
         e("}", indent - 1)
 
+    def lane_loop(self, stmts: list, accs: list, indent: int) -> None:
+        """The columns in order, and inside each the item's lanes: adjacent
+        elements, so the inner loop reads and writes contiguously and
+        vectorises; each lane accumulates on its own (no reduction clause)."""
+        e = self.emit
+        groups = self.k.col_groups
+        prev = "0"
+        for n, g in enumerate(groups):
+            e(f"for (int64_t c{g} = 0; c{g} < g{g}; ++c{g}) {{", indent)
+            indent += 1
+            if n < len(groups) - 1:
+                e(f"const int64_t q{g} = ({prev} + c{g}) * g{groups[n + 1]};", indent)
+                prev = f"q{g}"
+        e(f"const int64_t cl = {prev} + c{groups[-1]}; (void)cl;", indent)
+        e(self.t.simd_pragma.format(clauses=""), indent)
+        e("for (int64_t l = 0; l < nl; ++l) {", indent)
+        self.body(stmts, accs, indent + 1)
+        e("}", indent)
+        for _ in groups:
+            indent -= 1
+            e("}", indent)
+
+    def row_array_type(self, name: str) -> str:
+        for seg in self.k.segments:
+            for st in seg:
+                if getattr(st, "dst", None) == name:
+                    return COMPUTE[st.dtype]
+        raise KeyError(name)
+
     def streamed(self, stmts: list, accs: list) -> list:
         """Stores of a loop that can stream: float32, unit stride in the
         innermost column, in a loop without reductions (a short vector loop
         per store would split them)."""
-        if accs or not self.k.col_groups:
+        if accs or not self.k.col_groups or self.lanes:
             return []
         g = self.k.col_groups[-1]
         return [st for st in stmts if isinstance(st, k.Store) and st.dtype == "float32"
@@ -548,11 +663,13 @@ class _Printer:
     def body(self, stmts: list, accs, indent: int) -> None:
         for st in stmts:
             self.stmt(st, indent, True)
+        lane = "[l]" if self.lanes else ""
         for a in accs:
             _, update, _ = _REDUCE[a.kind]
-            self.emit(update.format(a=f"a_{a.acc}", x=a.src), indent)
+            src = self.ref(a.src)
+            self.emit(update.format(a=f"a_{a.acc}{lane}", x=src), indent)
             if a.kind in ("reduce_max", "reduce_min") and a.dtype in ir.FLOAT_DTYPES:
-                self.emit(f"n_{a.acc} |= ({a.src} != {a.src});", indent)
+                self.emit(f"n_{a.acc}{lane} |= ({src} != {src});", indent)
 
     def clause(self, a: k.Accumulate) -> str:
         _, _, op = _REDUCE[a.kind]

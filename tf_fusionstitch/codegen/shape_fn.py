@@ -116,6 +116,11 @@ def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str, symbol: str = "fs
                      f"{ELEMENTWISE_TILE};")
         lines.append(f"  work[0] = ({rows}) * ((n_cols + {ELEMENTWISE_TILE - 1}) / "
                      f"{ELEMENTWISE_TILE});")
+    elif kernel.lanes:  # items of `lanes` elements of the innermost row group
+        inner = group_ext[kernel.row_groups[-1]]
+        outer = " * ".join(f"({group_ext[g]})" for g in kernel.row_groups[:-1]) or "1"
+        lines.append(f"  const int64_t per_item = n_cols * {kernel.lanes};")
+        lines.append(f"  work[0] = {outer} * (({inner} + {kernel.lanes - 1}) / {kernel.lanes});")
     else:
         lines.append("  const int64_t per_item = n_cols;")
         lines.append(f"  work[0] = {rows};")
