@@ -135,3 +135,20 @@ def test_an_outer_kept_axis_and_a_run_time_broadcast():
         (s, p), _ = run(c, [x, y], threads=2)
         np.testing.assert_array_equal(p, x * y)
         np.testing.assert_allclose(s, (x * y).sum(1), rtol=1e-12, atol=1e-12)
+
+
+def test_a_value_that_varies_by_column_only_is_computed_once_per_call():
+    """exp(w) of a per-row weight w[N, 1] depends on no kept element: it is
+    hoisted out of the blocks (one column buffer for all lanes)."""
+    f, w_t = T("float32", (N, 40)), T("float32", (N, 1))
+    c = ir.Cluster((("x", f), ("w", w_t)),
+                   (op("ew", "exp", ["w"], w_t),
+                    op("p", "mul", ["x", "ew"], f),
+                    op("s", "reduce_sum", ["p"], T("float32", (40,)), axes=[0],
+                       keep_dims=False)),
+                   ("s",))
+    assert build_schedule(c).hoisted == {"ew"}
+    x = RNG.standard_normal((70, 40), dtype=np.float32)
+    w = RNG.standard_normal((70, 1), dtype=np.float32)
+    (s,), _ = run(c, [x, w], threads=2)
+    np.testing.assert_allclose(s, (x * np.exp(w)).sum(0), rtol=1e-5, atol=1e-5)
