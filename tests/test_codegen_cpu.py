@@ -14,6 +14,7 @@ from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.kernels import build_cpu_kernel
 from tf_fusionstitch.runtime.cpu_kernel import CpuKernel, KernelShapeError, as_dtype
 from tf_fusionstitch.schedule import UnsupportedCluster, build_schedule
+from test_column_reductions import column_softmax
 
 T, op = ir.TensorType, ir.make_op
 N = None
@@ -261,22 +262,9 @@ def _unary_chain(prims, dtype="float32"):
     return ir.Cluster(inputs, tuple(ops), (prev,))
 
 
-def _column_softmax(width=768):
-    """softmax over the rows per column: reductions that keep the innermost
-    axis, run as blocks of kept elements (kernel_ir.cpu_lanes)."""
-    f, col = T("float32", (N, width)), T("float32", (1, width))
-    return ir.Cluster((("x", f),),
-                      (op("mx", "reduce_max", ["x"], col, axes=[0], keep_dims=True),
-                       op("d", "sub", ["x", "mx"], f),
-                       op("e", "exp", ["d"], f),
-                       op("s", "reduce_sum", ["e"], col, axes=[0], keep_dims=True),
-                       op("p", "div", ["e", "s"], f)),
-                      ("p",))
-
-
 VECTORISED = {
     "layernorm": layernorm_cluster(1024),
-    "column_softmax": _column_softmax(),
+    "column_softmax": column_softmax(768),
     "activations": _unary_chain(["relu", "relu6", "elu", "selu", "softplus", "sign", "abs"]),
     "transcendentals": _unary_chain(["exp", "log1p", "tanh", "sigmoid", "erf", "erfc", "expm1"]),
     # floor_mod, pow, sin and cos call libm (scalar) and are left out on purpose.

@@ -81,18 +81,22 @@ def test_nhwc_batchnorm_statistics_and_normalisation():
     np.testing.assert_allclose(y, (x - mu) / np.sqrt(var + 1e-3), rtol=1e-5, atol=1e-5)
 
 
+def column_softmax(width):
+    """softmax over the rows (axis 0) of x[?, width], per column."""
+    f, col = T("float32", (N, width)), T("float32", (1, width))
+    return ir.Cluster((("x", f),),
+                      (op("mx", "reduce_max", ["x"], col, axes=[0], keep_dims=True),
+                       op("d", "sub", ["x", "mx"], f),
+                       op("e", "exp", ["d"], f),
+                       op("s", "reduce_sum", ["e"], col, axes=[0], keep_dims=True),
+                       op("p", "div", ["e", "s"], f)),
+                      ("p",))
+
+
 def test_a_buffered_value_keeps_every_lane():
-    """softmax over the rows (axis 0) per column: exp is buffered across the
-    two loops, one buffer slot per column and lane."""
-    f = T("float32", (N, 33))
-    col = T("float32", (1, 33))
-    c = ir.Cluster((("x", f),),
-                   (op("mx", "reduce_max", ["x"], col, axes=[0], keep_dims=True),
-                    op("d", "sub", ["x", "mx"], f),
-                    op("e", "exp", ["d"], f),
-                    op("s", "reduce_sum", ["e"], col, axes=[0], keep_dims=True),
-                    op("p", "div", ["e", "s"], f)),
-                   ("p",))
+    """exp is buffered across the softmax's two loops, one buffer slot per
+    column and lane."""
+    c = column_softmax(33)
     assert "e" in build_schedule(c).buffered
     x = RNG.standard_normal((50, 33), dtype=np.float32)
     (p,), _ = run(c, [x.copy()], threads=2)
@@ -138,9 +142,9 @@ def test_an_outer_kept_axis_and_a_run_time_broadcast():
 
 
 def test_a_value_that_varies_by_column_only_is_computed_once_per_call():
-    """exp(w) of a per-row weight w[N, 1] depends on no kept element: it is
+    """exp(w) of a per-row weight w[70, 1] depends on no kept element: it is
     hoisted out of the blocks (one column buffer for all lanes)."""
-    f, w_t = T("float32", (N, 40)), T("float32", (N, 1))
+    f, w_t = T("float32", (70, 40)), T("float32", (70, 1))
     c = ir.Cluster((("x", f), ("w", w_t)),
                    (op("ew", "exp", ["w"], w_t),
                     op("p", "mul", ["x", "ew"], f),

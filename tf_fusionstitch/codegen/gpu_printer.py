@@ -209,7 +209,7 @@ class _GpuBody(printer._Printer):
             self.decl("int64_t", "col_lo", f"tile * {TILE}")
             self.decl("int64_t", "col_hi", f"n_cols - col_lo < {TILE} ? n_cols : col_lo + {TILE}")
             lo, hi = "col_lo", "col_hi"
-        for name in sorted(self.cached, key=self.first_loop.get):
+        for name in sorted(self.cached, key=lambda v: (self.first_loop[v], v)):  # deterministic text
             ctype = COMPUTE[self.cached_dtype[name]]
             self.emit(f"{ctype} rc_{name}[{self.per_thread}];", 0)
             self.reg(f"rc_{name}", ctype)

@@ -334,41 +334,15 @@ class _Printer:
 
     # -- statements --------------------------------------------------------
     def stmt(self, st, indent: int, in_loop: bool) -> None:
-        if self.lanes:
-            self.lane_stmt(st, indent, in_loop)
-            return
+        """One statement. In a lane-blocked kernel it sits inside the lane
+        loop, and row values (defined in the row segments) are arrays."""
         if isinstance(st, k.Load):
-            ct = COMPUTE[st.dtype]
-            self.emit(f"const {ct} {st.dst} = {self.load(st.tensor, st.dtype, self.index(st.tensor, in_loop))};", indent)
+            self.define(st.dst, st.dtype,
+                        self.load(st.tensor, st.dtype, self.index(st.tensor, in_loop)), indent)
         elif isinstance(st, k.Compute):
-            self.emit(f"const {COMPUTE[st.dtype]} {st.dst} = {self.expr(st)};", indent)
-        elif isinstance(st, k.Store):
-            self.emit(f"t{st.tensor}[{self.index(st.tensor, in_loop)}] = "
-                      f"{self.store_value(st.src, st.dtype)};", indent)
-        elif isinstance(st, k.BufStore):
-            self.emit(f"{st.pool}_{st.src}[cl] = {st.src};", indent)
-        elif isinstance(st, k.BufLoad):
-            self.emit(f"const {COMPUTE[st.dtype]} {st.dst} = {st.pool}_{st.src}[cl];", indent)
-        elif isinstance(st, k.Finish):
-            self.finish(st, indent)
-        else:
-            raise TypeError(f"unknown statement {st!r}")
-
-    def lane_stmt(self, st, indent: int, in_loop: bool) -> None:
-        """A statement of a lane-blocked kernel, inside the lane loop: row
-        values (defined in the row segments) are arrays, column values
-        scalars of the loop body."""
-        def define(dst: str, dtype: str, value: str) -> None:
-            if dst in self.row_arrays:
-                self.emit(f"{dst}[l] = {value};", indent)
-            else:
-                self.emit(f"const {COMPUTE[dtype]} {dst} = {value};", indent)
-
-        if isinstance(st, k.Load):
-            define(st.dst, st.dtype, self.load(st.tensor, st.dtype, self.index(st.tensor, in_loop)))
-        elif isinstance(st, k.Compute):
-            args = tuple(self.ref(a) for a in st.args)
-            define(st.dst, st.dtype, self.expr(dataclasses.replace(st, args=args)))
+            if self.lanes:
+                st = dataclasses.replace(st, args=tuple(self.ref(a) for a in st.args))
+            self.define(st.dst, st.dtype, self.expr(st), indent)
         elif isinstance(st, k.Store):
             self.emit(f"t{st.tensor}[{self.index(st.tensor, in_loop)}] = "
                       f"{self.store_value(self.ref(st.src), st.dtype)};", indent)
@@ -378,9 +352,16 @@ class _Printer:
             self.emit(f"const {COMPUTE[st.dtype]} {st.dst} = "
                       f"{st.pool}_{st.src}[{self.buffer_index(st.pool)}];", indent)
         elif isinstance(st, k.Finish):
-            define(st.dst, st.dtype, self.finished_value(st, "[l]"))
+            lane = "[l]" if st.dst in self.row_arrays else ""
+            self.define(st.dst, st.dtype, self.finished_value(st, lane), indent)
         else:
             raise TypeError(f"unknown statement {st!r}")
+
+    def define(self, dst: str, dtype: str, value: str, indent: int) -> None:
+        if dst in self.row_arrays:
+            self.emit(f"{dst}[l] = {value};", indent)
+        else:
+            self.emit(f"const {COMPUTE[dtype]} {dst} = {value};", indent)
 
     def buffer_index(self, pool: str) -> str:
         # a row's buffer holds every lane's column (the hoisted pool does not vary by row)
@@ -414,9 +395,6 @@ class _Printer:
         if flag:
             self.emit(f"int n_{acc.acc} = 0;", indent)
         self.emit(f"{t} a_{acc.acc} = {ident};", indent)
-
-    def finish(self, st: k.Finish, indent: int) -> None:
-        self.emit(f"const {COMPUTE[st.dtype]} {st.dst} = {self.finished_value(st, '')};", indent)
 
     def finished_value(self, st: k.Finish, lane: str) -> str:
         """The reduction's row value from its accumulator (`lane`: "[l]" in
