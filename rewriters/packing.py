@@ -52,10 +52,11 @@ def pack_clusters(view: GraphView, groups: List[List[str]],
     """`groups` (every candidate node in one, as the strategies return them)
     with packs merged; each group's nodes in topological order."""
     position = view.position
-    units = [g for g in groups if _launches(view, g) > 1
-             or _launches(view, g) == 1 and not _after_contraction(view, g)]
+    launches = {id(g): _launches(view, g) for g in groups}
+    units = [g for g in groups if launches[id(g)] > 1
+             or launches[id(g)] == 1 and not _after_contraction(view, g)]
     units.sort(key=lambda g: max(position[n] for n in g))
-    single = [_launches(view, g) == 1 for g in units]
+    single = [launches[id(g)] == 1 for g in units]
     graph = _unit_graph(view, groups, units)
     if graph is None:
         return groups
@@ -68,7 +69,7 @@ def pack_clusters(view: GraphView, groups: List[List[str]],
     deadline: Dict[int, int] = {}        # pack id -> its members' earliest latest start
     recent: List[int] = []               # open pack ids, most recently grown last
     absorbed: Set[int] = set()           # units inside a pack of another id
-    for u, _ in enumerate(units):
+    for u in range(len(units)):
         joined = None
         if size[u] <= PACK_MAX_BYTES:
             for p in reversed(recent[-PACK_CANDIDATES:]):
