@@ -7,7 +7,8 @@ unknown dimension is its own origin; ops pass origins on where their output
 dimension is, by the op's definition, one of their input dimensions:
 elementwise ops (an operand whose dimension is a static 1 broadcasts, the
 others must agree), reductions and transposes (the kept or permuted axes),
-matrix products and einsums (the labels that survive), gathers, and reshapes
+matrix products and einsums (the labels that survive), gathers, strided
+slices (the axes taken whole), concatenations and stacks, and reshapes
 whose target shape is built from `Shape` of other tensors (TF's gradients
 build every reshape back to an input's shape that way) or has one -1 that
 only one unknown input size can fill. Any other unknown dimension is an
@@ -15,8 +16,9 @@ origin of its own. Small int vectors (shapes, their slices, packs and
 concatenations) are tracked by value, component by component.
 
 Ops that fail unless two sizes are equal (a matrix product's contracted
-sizes, an einsum label's sizes) make their origins one: a graph in which
-they differ raises before anything of this rewrite could matter.
+sizes, an einsum label's sizes, the operands of AddN and Pack, a
+concatenation's other axes) make their origins one: a graph in which they
+differ raises before anything of this rewrite could matter.
 
 An origin equality is a proof; a missing one is only "not known".
 """
@@ -170,9 +172,7 @@ def _dims_rule(origins: DimOrigins, node, inputs, port: int, rank: int):
     if op in _PASS_VALUE or op in ("ZerosLike", "OnesLike", "Snapshot"):
         return dims[0]
     if op == "AddN":                     # no broadcasting: equal shapes, or it raises
-        for other in dims[1:]:
-            for a, b in zip(dims[0], other):
-                origins.unify(a, b)
+        _unify_all(origins, dims)
         return dims[0]
     if op in _REDUCTIONS:
         axes = origins._const(inputs[1])
@@ -217,11 +217,19 @@ def _dims_rule(origins: DimOrigins, node, inputs, port: int, rank: int):
         params = dims[0]
         axis %= len(params)
         return params[:axis] + dims[1] + params[axis + 1:]
-    if op == "ConcatV2":
+    if op == "ConcatV2":             # no broadcasting: other axes equal, or it raises
         axis = int(np.asarray(origins._const(inputs[-1])).reshape(-1)[0]) % rank
-        parts = _broadcast(dims[:-1], rank)
-        parts[axis] = None
-        return parts
+        parts = dims[:-1]
+        _unify_all(origins, [p[:axis] + p[axis + 1:] for p in parts])
+        sizes = [p[axis] for p in parts]
+        total = sum(sizes) if all(isinstance(d, int) for d in sizes) else None
+        return parts[0][:axis] + [total] + parts[0][axis + 1:]
+    if op == "Pack":                 # equal shapes, or it raises
+        _unify_all(origins, dims)
+        axis = node.attr["axis"].i % rank
+        return dims[0][:axis] + [len(dims)] + dims[0][axis:]
+    if op == "StridedSlice":
+        return _sliced_dims(origins, node, inputs, dims[0])
     if op == "SparseSoftmaxCrossEntropyWithLogits":   # one label per row, or it raises
         origins.unify(dims[0][0], dims[1][0])
         return dims[0][:1] if port == 0 else dims[0]
@@ -233,6 +241,42 @@ def _dims_rule(origins: DimOrigins, node, inputs, port: int, rank: int):
             and port == 0 and all(d is not None for d in dims):
         return _broadcast(dims, rank)
     return None
+
+
+def _sliced_dims(origins: DimOrigins, node, inputs, x: List[Dim]) -> List[Optional[Dim]]:
+    """A StridedSlice's dimensions: an axis taken whole (both masks, stride
+    +-1) keeps its size, a new axis is 1, a shrunk axis is gone; any other
+    slice's size is left to TF's static shape (None here)."""
+    begin, end, strides = (np.asarray(origins._const(t)).reshape(-1) for t in inputs[1:4])
+    mask = {k: node.attr[k].i for k in ("begin_mask", "end_mask", "shrink_axis_mask",
+                                        "ellipsis_mask", "new_axis_mask")}
+    specs = len(strides)
+    consuming = sum(1 for i in range(specs)
+                    if not (mask["new_axis_mask"] >> i) & 1 and not (mask["ellipsis_mask"] >> i) & 1)
+    out, axis = [], 0
+    for i in range(specs):
+        if (mask["ellipsis_mask"] >> i) & 1:
+            covered = len(x) - consuming
+            out += x[axis:axis + covered]
+            axis += covered
+        elif (mask["new_axis_mask"] >> i) & 1:
+            out.append(1)
+        elif (mask["shrink_axis_mask"] >> i) & 1:
+            axis += 1
+        else:
+            whole = (mask["begin_mask"] >> i) & 1 and (mask["end_mask"] >> i) & 1 \
+                and abs(int(strides[i])) == 1
+            out.append(x[axis] if whole else None)
+            axis += 1
+    return out + x[axis:]
+
+
+def _unify_all(origins: DimOrigins, shapes: List[List[Dim]]) -> None:
+    """Records that operands an op requires to have one shape do."""
+    for other in shapes[1:]:
+        if len(other) == len(shapes[0]):
+            for a, b in zip(shapes[0], other):
+                origins.unify(a, b)
 
 
 def _einsum(origins: DimOrigins, equation: str,

@@ -93,6 +93,33 @@ class DimOriginsTest(tf.test.TestCase):
         a, b = concrete.graph.inputs[:2]
         self.assertEqual(origins.dims((a.op.name, 0))[0], origins.dims((b.op.name, 0))[0])
 
+    def test_a_concatenation_or_a_stack_proves_the_other_axes_equal(self):
+        def f(a, b, c, d):
+            return tf.concat([a, b], axis=-1), tf.stack([c, d])   # raise unless they agree
+
+        origins, concrete = self._origins(f, *[tf.TensorSpec([None, 4])] * 4)
+        a, b, c, d = (origins.dims((t.op.name, 0)) for t in concrete.graph.inputs[:4])
+        joined, stacked = (origins.dims((t.op.name, 0)) for t in concrete.outputs)
+        self.assertEqual(a[0], b[0])
+        self.assertEqual(joined, [a[0], 8])
+        self.assertEqual(c[0], d[0])
+        self.assertEqual(stacked, [2, c[0], 4])
+        self.assertNotEqual(a[0], c[0])
+
+    def test_a_strided_slice_keeps_the_origins_of_whole_axes(self):
+        def f(x):
+            return x[:, None, :], x[..., 1:], x[0], x[:, ::-1]
+
+        origins, concrete = self._origins(f, tf.TensorSpec([None, None]))
+        x = origins.dims((concrete.graph.inputs[0].op.name, 0))
+        new_axis, part, row, reversed_ = (origins.dims((t.op.name, 0))
+                                          for t in concrete.outputs)
+        self.assertEqual(new_axis, [x[0], 1, x[1]])
+        self.assertEqual(part[0], x[0])
+        self.assertNotIn(part[1], x)                          # a part of an axis: a new size
+        self.assertEqual(row, [x[1]])
+        self.assertEqual(reversed_, x)
+
     def test_independent_inputs_have_different_origins(self):
         origins, concrete = self._origins(lambda a, b: a + b, tf.TensorSpec([None, 4]),
                                           tf.TensorSpec([None, 4]))
@@ -166,6 +193,23 @@ class GradientTest(tf.test.TestCase):
         a, b = random(rng(50), (1, 4), "float32"), random(rng(51), (3, 4), "float32")
         for r, o in zip(grads(a, b), quiet_call(opt, a, b)):
             self.assertAllClose(r, o, rtol=1e-5, atol=1e-5)
+
+    def test_a_concatenation_decides_the_gradient_of_a_broadcast_between_inputs(self):
+        @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 4])])
+        def grads(a, b):
+            with tf.GradientTape() as tape:
+                tape.watch([a, b])
+                both = tf.concat([a, b], axis=1)              # a and b have one batch
+                loss = tf.reduce_sum(tf.exp(a * 0.5) * b) + tf.reduce_sum(both * both)
+            return tape.gradient(loss, [a, b])
+
+        opt = fs.optimize(grads)
+        for rows in (1, 3):
+            a = random(rng(60 + rows), (rows, 4), "float32")
+            b = random(rng(70 + rows), (rows, 4), "float32")
+            for r, o in zip(grads(a, b), quiet_call(opt, a, b)):
+                self.assertAllClose(r, o, rtol=1e-5, atol=1e-5)
+        self.assertEmpty(_bga_sums(opt.graph_def))
 
     def test_a_runtime_broadcast_between_independent_batches_stays_tfs(self):
         @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 4])])
