@@ -31,13 +31,16 @@ Four steps over the fusible nodes (clustering.fusible_nodes):
    only place two unconnected parts in one iteration space when it can
    identify their axes by static extent).
 
-Delta evaluator f(P) = T_saved_memory + T_saved_launches - T_penalty, in
-seconds, with the constants of COSTS:
-- saved memory: DRAM bytes the separate TF ops would move (each memory-
-  intensive op reads its inputs and writes its outputs) minus what the fused
-  kernel moves (its inputs and outputs), at COSTS bandwidth. Extents unknown at
-  trace time count as COSTS["dynamic_extent"];
-- saved launches: (memory-intensive ops in P - 1) x the per-launch cost;
+Delta evaluator f(P) = T_unfused - T_fused - T_penalty, in seconds, with the
+costs of cpu_costs.py (measured on this machine, or its builtin ones):
+- T_unfused: each memory-intensive op of P run alone by TF: a launch, plus
+  the larger of its memory time (the bytes it reads and writes, at the
+  costs' bandwidth) and its compute time (elements x seconds per element of
+  the primitives that are compute-bound here);
+- T_fused: one launch, plus the larger of the fused kernel's memory time (its
+  inputs and outputs) and the compute of all its primitives. Extents unknown
+  at trace time count as cpu_costs.DYNAMIC_EXTENT. With no compute costs this
+  is the paper's memory traffic saved plus launches saved;
 - penalty (the paper's "simplified latency evaluator"): per-row buffered
   values beyond what stays in cache spill to DRAM and back; each column loop
   after the first re-reads the row's inputs from cache.
@@ -51,41 +54,10 @@ import time
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.rewriters import op_table
+from tf_fusionstitch.rewriters import cpu_costs, op_table
 from tf_fusionstitch.rewriters.clustering import LOWERING_ERRORS, cpu_schedule, creates_cycle
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.lowering import lower_nodes
-
-# The delta evaluator's constants, in one place.
-COSTS = {
-    # Bandwidth the memory term is priced at, bytes/s. Measured on this
-    # project's 2-core CPU machine: a fused x * 2 + 1 over 4M float32 (16 MB
-    # read + 16 MB written) through FusionStitch took 1.16 ms, 29 GB/s.
-    "bandwidth": 29e9,
-    # Cost of one memory-intensive kernel launch, seconds. Measured the same
-    # way on 1-element tensors inside a tf.function (shared, noisy machine):
-    # one more TF Tanh op cost 0.8-2.6 us, one more FusionStitch kernel with a
-    # MatMul between (so it cannot fuse) 3.1-4.5 us; 2 us is the middle of the
-    # per-kernel range. (The paper's GPU launches cost a few us as well.)
-    "launch": 2e-6,
-    # Cache re-reads (a loop after the first reads the row's inputs again) are
-    # priced at bandwidth x this factor: L2 vs DRAM bandwidth, ~4x on x86
-    # servers and on V100/H200. Assumption, not measured.
-    "cache_speedup": 4.0,
-    # Per-row bytes that stay in cache between a row's loops: half of a 1 MiB
-    # per-core L2 (the GPU analogue: the paper's shared-memory budget per block,
-    # 48 KiB, times blocks resident per SM). Assumption.
-    "row_cache_bytes": 512 * 1024,
-    # Buffered (per-row) values that stay live at once before they compete for
-    # cache/registers; each beyond this spills its row once. The paper fixes 16
-    # registers in its penalty; a buffered value is a row, not a register, so
-    # this is the analogous small budget. Assumption.
-    "max_live_buffers": 4,
-    # Extent assumed for a dimension unknown at trace time (the batch): only
-    # scales all terms alike, so the ranking of patterns hardly depends on it.
-    "dynamic_extent": 32,
-}
-
 
 @dataclasses.dataclass
 class ExploreStats:
@@ -99,14 +71,15 @@ class ExploreStats:
     packed: int = 0                 # kernels removed by remote fusion
     plan_score: float = 0.0         # final plan, delta evaluator: seconds saved per call
     seconds: float = 0.0
+    costs: str = "builtin"          # where the evaluator's costs came from
 
     def __str__(self) -> str:
         return (f"explore k={self.k} beam={self.beam}: {self.vertices} vertices, "
                 f"{self.patterns_checked} patterns checked ({self.legal_patterns} legal), "
                 f"{self.merged} neighbour merge(s), "
                 f"{self.packed} kernel(s) packed by remote fusion, plan saves "
-                f"{self.plan_score * 1e6:.1f} us/call by the delta evaluator, "
-                f"{self.seconds:.2f} s")
+                f"{self.plan_score * 1e6:.1f} us/call by the delta evaluator "
+                f"({self.costs} costs), {self.seconds:.2f} s")
 
 
 Pattern = FrozenSet[str]
@@ -114,50 +87,71 @@ Pattern = FrozenSet[str]
 
 class _Explorer:
     def __init__(self, view: GraphView, candidates: Set[str], fetches: Set[Tensor],
-                 k: int, beam: int):
+                 k: int, beam: int, costs: Dict):
         self.view, self.candidates, self.fetches = view, candidates, fetches
-        self.k, self.beam = k, beam
+        self.k, self.beam, self.costs = k, beam, costs
         self.stats = ExploreStats(k, beam)
         self._cache: Dict[Pattern, Optional[float]] = {}
         self._space: Dict[Pattern, Optional[tuple]] = {}  # see _space_key
+        self._alone: Dict[str, float] = {}
         self._launches = {n: int(op_table.is_memory_intensive(view.nodes[n].op))
                           for n in candidates}
 
     # -- delta evaluator -------------------------------------------------------
 
     def _bytes(self, t: Tensor) -> int:
-        return self.view.tensor_bytes(t, COSTS["dynamic_extent"])
+        return self.view.tensor_bytes(t, cpu_costs.DYNAMIC_EXTENT)
 
-    def _node_traffic(self, name: str) -> int:
-        """Bytes one TF op moves alone: its inputs and outputs (0 for ops
-        that launch nothing: shape-only ops alias their input)."""
+    def _compute(self, cluster: ir.Cluster) -> float:
+        """Seconds of arithmetic of the cluster's compute-bound primitives."""
+        per_element = self.costs["compute"]
+        return sum(per_element[op.prim] * math.prod(
+            cpu_costs.DYNAMIC_EXTENT if d is None else d for d in op.type.shape)
+            for op in cluster.ops if op.prim in per_element)
+
+    def _seconds_alone(self, name: str) -> float:
+        """What one op costs run by TF alone: a launch plus the larger of its
+        memory time (inputs and outputs) and its compute; 0 for ops that
+        launch nothing (shape-only ops alias their input)."""
         if not self._launches.get(name):
-            return 0
-        view = self.view
-        total = sum(self._bytes(t) for t in view.data_inputs[name])
-        return total + sum(self._bytes((name, p)) for p in range(view.num_outputs[name]))
+            return 0.0
+        if name not in self._alone:
+            view = self.view
+            traffic = sum(self._bytes(t) for t in view.data_inputs[name]) + \
+                sum(self._bytes((name, p)) for p in range(view.num_outputs[name]))
+            compute = 0.0
+            if self.costs["compute"]:
+                try:
+                    compute = self._compute(lower_nodes(view, [name], self.fetches).cluster)
+                except LOWERING_ERRORS:
+                    pass
+            self._alone[name] = self.costs["launch"] + max(
+                traffic / self.costs["bandwidth"], compute)
+        return self._alone[name]
 
     def _score(self, nodes: Pattern, lowered, schedule) -> float:
-        bw = COSTS["bandwidth"]
-        unfused = sum(self._node_traffic(n) for n in nodes)
-        fused = sum(self._bytes(t) for t in lowered.input_tensors) + \
+        costs = self.costs
+        unfused = sum(self._seconds_alone(n) for n in nodes)
+        traffic = sum(self._bytes(t) for t in lowered.input_tensors) + \
             sum(self._bytes(t) for t in lowered.output_tensors)
-        launches = sum(self._launches.get(n, 0) for n in nodes)
-        saved = (unfused - fused) / bw + max(launches - 1, 0) * COSTS["launch"]
-        return saved - self._penalty(lowered, schedule)
+        launches = min(sum(self._launches.get(n, 0) for n in nodes), 1)
+        fused = launches * costs["launch"] + max(traffic / costs["bandwidth"],
+                                                 self._compute(lowered.cluster))
+        return unfused - fused - self._penalty(lowered, schedule)
 
     def _penalty(self, lowered, schedule) -> float:
+        costs = self.costs
         types = lowered.cluster.types()
-        ext = [COSTS["dynamic_extent"] if e is None else e for e in schedule.static_extent]
+        ext = [cpu_costs.DYNAMIC_EXTENT if e is None else e for e in schedule.static_extent]
         col = math.prod(ext[a] for a in schedule.col_axes) if schedule.col_axes else 1
         rows = math.prod(ext[a] for a in range(schedule.num_axes)
                          if a not in schedule.col_axes)
-        bw = COSTS["bandwidth"]
+        bw = costs["bandwidth"]
         row_buffers = [col * ir.DTYPE_BYTES.get(types[v].dtype, 4) for v in schedule.buffered]
         spill = 0
-        if sum(row_buffers) > COSTS["row_cache_bytes"]:
-            spill += sum(row_buffers) - COSTS["row_cache_bytes"]
-        extra = len(row_buffers) - COSTS["max_live_buffers"]
+        if sum(row_buffers) > costs["row_cache_bytes"]:
+            spill += sum(row_buffers) - costs["row_cache_bytes"]
+        extra = len(row_buffers) - costs["max_live_buffers"]
         if extra > 0:
             spill += sum(sorted(row_buffers)[:extra])
         penalty = 2 * spill * rows / bw  # written out and read back
@@ -166,7 +160,7 @@ class _Explorer:
                              for name, t in lowered.cluster.inputs
                              if schedule.axes_of(name) & schedule.col_axes)
             penalty += (schedule.num_loops - 1) * row_inputs * rows / (
-                bw * COSTS["cache_speedup"])
+                bw * costs["cache_speedup"])
         return penalty
 
     # -- legality --------------------------------------------------------------
@@ -359,11 +353,15 @@ class _Explorer:
 
 
 def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
-                  k: int = 3, beam: int = 3) -> Tuple[List[List[str]], ExploreStats]:
+                  k: int = 3, beam: int = 3, costs: Optional[Dict] = None,
+                  costs_source: str = "builtin") -> Tuple[List[List[str]], ExploreStats]:
     """The explored plan: clusters (every candidate in exactly one, in
-    topological order) and what the exploration did."""
+    topological order) and what the exploration did. `costs`: the delta
+    evaluator's (cpu_costs.py), cpu_costs.BUILTIN if None."""
     start = time.perf_counter()
-    explorer = _Explorer(view, candidates, fetches, k, beam)
+    explorer = _Explorer(view, candidates, fetches, k, beam,
+                         cpu_costs.validate(dict(costs or cpu_costs.BUILTIN)))
+    explorer.stats.costs = costs_source
     plan = explorer.best_plan(explorer.candidate_patterns())
     kernels = explorer.refine(plan)
     explorer.stats.plan_score = sum(explorer.evaluate(p) for p in kernels if len(p) > 1)

@@ -21,7 +21,7 @@ import concurrent.futures
 import dataclasses
 import os
 import time
-from typing import Callable, Dict, List, Set
+from typing import Callable, Dict, List, Optional, Set
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.report import ClusterReport
@@ -64,18 +64,21 @@ def _prims(c: ir.Cluster) -> int:
 def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
                     build: Callable[[ir.Cluster], object],
                     min_cluster_ops: int = 2, fusion: str = "stitch",
-                    explore_k: int = 3, explore_beam: int = 3, pack: bool = True) -> PassResult:
+                    explore_k: int = 3, explore_beam: int = 3, pack: bool = True,
+                    costs: Optional[Dict] = None, costs_source: str = "builtin") -> PassResult:
     """`build(cluster)` returns an object with .key/.spec/.num_loops/.buffered/.parts
     (kernels.CompiledKernel) after making it runnable, or raises. `fusion` is
     one of FUSION_STRATEGIES; explore_k and explore_beam are fusion="explore"'s
-    candidate patterns per vertex and beam width; `pack`: fusion="stitch"
-    packs kernels that no path connects (packing.py)."""
+    candidate patterns per vertex and beam width, `costs` its delta
+    evaluator's costs (cpu_costs.py; BUILTIN if None) and `costs_source` where
+    they came from, for the report; `pack`: fusion="stitch" packs kernels that
+    no path connects (packing.py)."""
     if fusion not in FUSION_STRATEGIES:
         raise ValueError(f"fusion={fusion!r}: expected one of {', '.join(FUSION_STRATEGIES)}")
 
     def run_pass(gd, gd_types, gd_fetches):
         return _fuse_graph(gd, gd_types, gd_fetches, build, min_cluster_ops, fusion,
-                           explore_k, explore_beam, pack)
+                           explore_k, explore_beam, pack, costs, costs_source)
 
     result = run_pass(graph_def, types, fetches)
     if not graph_def.library.function:
@@ -107,7 +110,8 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
 
 
 def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: int,
-                fusion: str, explore_k: int, explore_beam: int, pack: bool) -> PassResult:
+                fusion: str, explore_k: int, explore_beam: int, pack: bool,
+                costs: Optional[Dict], costs_source: str) -> PassResult:
     """The pass over `graph_def`'s own nodes."""
     before = memory_intensive_kernels(graph_def)  # of the graph as given, before any expansion
     graph_def, types, _ = variable_updates.fold_variable_updates(
@@ -126,7 +130,8 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
         groups = xla_like.form_clusters(view, candidates, fetches)
     elif fusion == "explore":
         groups, stats = explore.form_clusters(view, candidates, fetches,
-                                              k=explore_k, beam=explore_beam)
+                                              k=explore_k, beam=explore_beam, costs=costs,
+                                              costs_source=costs_source)
         exploration = str(stats)
     else:
         groups = clustering.form_clusters(view, candidates, fetches)

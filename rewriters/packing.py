@@ -37,11 +37,11 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Set
 
 from tf_fusionstitch.rewriters import op_table
-from tf_fusionstitch.rewriters.explore import COSTS
+from tf_fusionstitch.rewriters.cpu_costs import DYNAMIC_EXTENT
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 
 # Inputs plus outputs of one pack, bytes, at most (dimensions unknown at
-# trace time counted as explore.COSTS["dynamic_extent"]).
+# trace time counted as cpu_costs.DYNAMIC_EXTENT).
 PACK_MAX_BYTES = 64 << 20
 # Open packs a unit tries, the most recently grown first.
 PACK_CANDIDATES = 8
@@ -192,4 +192,4 @@ def _boundary_bytes(view: GraphView, nodes: List[str], fetches: Set[Tensor]) -> 
             t = (n, port)
             if t in fetches or any(c not in inside for c in view.data_consumers.get(t, ())):
                 tensors.add(t)
-    return sum(view.tensor_bytes(t, COSTS["dynamic_extent"]) for t in tensors)
+    return sum(view.tensor_bytes(t, DYNAMIC_EXTENT) for t in tensors)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import json
 import pathlib
 import re
 import threading
@@ -25,7 +26,7 @@ import tensorflow as tf
 
 from tf_fusionstitch import kernels, rewrite_cache
 from tf_fusionstitch.report import Report
-from tf_fusionstitch.rewriters import grappler, shapes
+from tf_fusionstitch.rewriters import cpu_costs, grappler, shapes
 from tf_fusionstitch.rewriters.fusion_pass import FUSION_STRATEGIES, run_fusion_pass
 from tf_fusionstitch.rewriters.graph_view import parse_input, tensor_name
 from tf_fusionstitch.runtime import cache, cpu_compiler
@@ -39,6 +40,9 @@ _OPTIONS = {
                "(FusionStitching's plan exploration with remote fusion)"),
     "explore_k": (int, 3, "fusion='explore': candidate patterns kept per op (1 to 8)"),
     "explore_beam": (int, 3, "fusion='explore': beam width of the plan search (1 to 16)"),
+    "costs": (str, "calibrated", "fusion='explore': the delta evaluator's costs, "
+              "'calibrated' (measured on this machine once, then cached: "
+              "rewriters/cpu_costs.py) or 'builtin'"),
     "pack": (bool, True, "fusion='stitch': pack kernels that no path connects into one "
              "launch (rewriters/packing.py)"),
     "rewrite_cache": (bool, True, "reuse the rewrite of an identical traced graph from the "
@@ -49,7 +53,7 @@ _NOT_IN_CACHE_KEY = ("rewrite_cache",)
 # Options that only mean something under one fusion strategy, and their ranges.
 _EXPLORE_RANGES = {"explore_k": (1, 8), "explore_beam": (1, 16)}
 # Options whose value must be one of a few.
-_CHOICES = {"fusion": FUSION_STRATEGIES}
+_CHOICES = {"fusion": FUSION_STRATEGIES, "costs": ("calibrated", "builtin")}
 
 
 class OptimizedFunction:
@@ -180,14 +184,20 @@ class OptimizedFunction:
         control = [op.name for op in graph.control_outputs]
         hints = {t.name: tf.TensorSpec(t.shape, t.dtype)
                  for op in graph.get_operations() for t in op.outputs}
+        costs, costs_source = None, self._options["costs"]
+        if self._options["fusion"] == "explore":
+            costs, costs_source = (cpu_costs.for_this_machine() if costs_source == "calibrated"
+                                   else (dict(cpu_costs.BUILTIN), costs_source))
         key = None
         if self._options["rewrite_cache"]:
+            options = {k: v for k, v in self._options.items() if k not in _NOT_IN_CACHE_KEY}
+            if costs is not None:  # the plan depends on the values, not the option's name
+                options["costs"] = json.dumps(costs, sort_keys=True)
             key = rewrite_cache.make_key(
                 graph_def.SerializeToString(deterministic=True), outputs, control,
                 "\n".join(f"{name} {spec.dtype.name} {spec.shape}"
                           for name, spec in sorted(hints.items())),
-                {k: v for k, v in self._options.items() if k not in _NOT_IN_CACHE_KEY},
-                f"{tf.__version__} {tf.version.GIT_VERSION}")
+                options, f"{tf.__version__} {tf.version.GIT_VERSION}")
             entry = rewrite_cache.load(key, self._register,
                                        timeout=self._options["compile_timeout"])
             if entry is not None:
@@ -206,7 +216,7 @@ class OptimizedFunction:
         result = run_fusion_pass(graph_def, types, fetches, self._build,
                                  self._options["min_cluster_ops"], self._options["fusion"],
                                  self._options["explore_k"], self._options["explore_beam"],
-                                 self._options["pack"])
+                                 self._options["pack"], costs, costs_source)
         output_names = []
         for name in outputs:
             src, port, _ = parse_input(name)
@@ -264,7 +274,9 @@ def optimize(fn, **options) -> OptimizedFunction:
     ("stitch", the default; "xla_like": XLA's fusion rules, to compare;
     "explore": plan exploration, rewriters/explore.py), explore_k (candidate
     patterns per op, default 3) and explore_beam (beam width, default 3),
-    both for fusion="explore" only; pack (bool, default True; fusion="stitch"
+    both for fusion="explore" only, as is costs ("calibrated", the default:
+    the plan's costs measured on this machine once, then cached; or
+    "builtin"; rewriters/cpu_costs.py); pack (bool, default True; fusion="stitch"
     only): kernels that no path connects share one launch; rewrite_cache (bool, default True): reuse
     the rewrite of an identical traced graph (same options, TensorFlow and
     tf_fusionstitch code) from the disk cache, tf_fusionstitch/rewrite_cache.py.
@@ -299,11 +311,12 @@ def optimize(fn, **options) -> OptimizedFunction:
         raise ValueError(f"optimize() option pack applies only to fusion='stitch' (got "
                          f"fusion={resolved['fusion']!r}: xla_like never packs, explore packs "
                          f"by its own search); drop pack")
-    for key, (lo, hi) in _EXPLORE_RANGES.items():
+    for key in list(_EXPLORE_RANGES) + ["costs"]:
         if key in options and resolved["fusion"] != "explore":
             raise ValueError(f"optimize() option {key} applies only to fusion='explore' "
                              f"(got fusion={resolved['fusion']!r}); pass fusion='explore' "
                              f"or drop {key}")
+    for key, (lo, hi) in _EXPLORE_RANGES.items():
         if not lo <= resolved[key] <= hi:
             raise ValueError(f"optimize() option {key}={resolved[key]} is out of range: "
                              f"expected {lo} to {hi}")

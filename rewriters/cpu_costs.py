@@ -1,0 +1,262 @@
+"""The delta evaluator's costs (explore.py) for the machine the rewrite runs on.
+
+A short calibration run (about a second) measures, with TensorFlow's own CPU
+kernels in the process's thread configuration, each time a median less the
+call's own overhead:
+
+- "launch": what one more op costs, from a chain of 257 x * y ops over 4096
+  elements (16 KiB: their memory time is negligible) against one;
+- "bandwidth": bytes per second of x * y over 8M elements (32 MiB per tensor,
+  beyond any L3 cache);
+- "cache_speedup": the same op's bandwidth over 64K elements (256 KiB per
+  tensor, in L2), as a multiple of the DRAM bandwidth, within [1, 16];
+- "compute": per primitive of fusion_ir.EXPENSIVE, seconds per element when
+  the op is compute-bound here: over 1M elements, an op that takes longer
+  than a cheap op of the same arity (same bytes) is limited by its
+  arithmetic; one that does not is memory-bound and gets no compute cost;
+- "row_cache_bytes": half of the per-core L2 cache, read from sysfs.
+
+The result is cached per machine (CPU model, usable cores, TensorFlow
+version) in the kernel cache directory, so the calibration runs once per
+machine. `python -m tf_fusionstitch.tools.calibrate` shows (or redoes) it.
+Anything that fails here leaves BUILTIN in use: a plan priced with the
+builtin costs is still a correct plan.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import statistics
+import time
+import warnings
+from typing import Callable, Dict, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch.runtime import cache
+
+# Extent assumed for a dimension unknown at trace time (the batch): only
+# scales all terms alike, so the ranking of patterns hardly depends on it.
+# A modelling choice, not a machine cost: never calibrated.
+DYNAMIC_EXTENT = 32
+
+# Costs used without calibration (costs="builtin", or when calibrating fails).
+BUILTIN = {
+    # Bytes/s. Measured once on this project's 2-core CPU machine: a fused
+    # x * 2 + 1 over 4M float32 (16 MB read + 16 MB written) took 1.16 ms.
+    "bandwidth": 29e9,
+    # Seconds per memory-intensive kernel launch: one more TF Tanh op inside a
+    # tf.function cost 0.8-2.6 us on that machine.
+    "launch": 2e-6,
+    # Cache re-reads (a loop after the first reads the row's inputs again) are
+    # priced at bandwidth x this factor: L2 vs DRAM, ~4x on x86 servers.
+    "cache_speedup": 4.0,
+    # Per-row bytes that stay in cache between a row's loops: half of a 1 MiB
+    # per-core L2.
+    "row_cache_bytes": 512 * 1024,
+    # Buffered (per-row) values live at once before they compete for cache;
+    # each beyond this spills its row once. An assumption (the paper fixes 16
+    # registers in its penalty), never calibrated.
+    "max_live_buffers": 4,
+    # Seconds per element of compute-bound primitives; empty: every op is
+    # priced by its memory traffic alone.
+    "compute": {},
+}
+
+CALIBRATION_VERSION = "1"
+_SUFFIX = ".cpu-costs.json"
+
+# One TF function per primitive of fusion_ir.EXPENSIVE (inputs in [0.5, 1.5));
+# the binary ones read a second tensor as their elementwise baseline x * y does.
+_UNARY_OPS: Dict[str, Callable] = {
+    "exp": tf.exp, "log": tf.math.log, "log1p": tf.math.log1p, "expm1": tf.math.expm1,
+    "tanh": tf.tanh, "sigmoid": tf.sigmoid, "elu": tf.nn.elu, "selu": tf.nn.selu,
+    "softplus": tf.nn.softplus, "erf": tf.math.erf, "erfc": tf.math.erfc, "sin": tf.sin,
+    "cos": tf.cos, "reciprocal": tf.math.reciprocal, "rsqrt": tf.math.rsqrt, "sqrt": tf.sqrt,
+}
+_BINARY_OPS: Dict[str, Callable] = {"pow": tf.pow, "div": tf.math.truediv}
+assert set(_UNARY_OPS) | set(_BINARY_OPS) == set(ir.EXPENSIVE)
+
+# An op counts as compute-bound when it takes this much longer than a cheap
+# op over the same bytes (below it, timing noise on a shared machine).
+_COMPUTE_BOUND_MARGIN = 1.15
+
+
+class CalibrationError(RuntimeError):
+    """A measurement came out outside what any machine could do."""
+
+
+def for_this_machine() -> Tuple[Dict, str]:
+    """(costs, where they came from): the calibrated costs, measured on first
+    use and then read from the cache; BUILTIN (with a warning) when
+    calibration fails."""
+    try:
+        path = cache.get_or_build(_key(), _SUFFIX, lambda tmp: tmp.write_text(
+            json.dumps(_measured_record(), indent=1, sort_keys=True)))
+        return validate(json.loads(path.read_text())["costs"]), "calibrated"
+    except (cache.CacheError, CalibrationError, OSError, ValueError, KeyError,
+            tf.errors.OpError) as e:
+        warnings.warn(f"tf_fusionstitch: CPU cost calibration failed ({type(e).__name__}: "
+                      f"{e}); fusion='explore' prices plans with the builtin costs",
+                      RuntimeWarning, stacklevel=2)
+        return dict(BUILTIN), "builtin (calibration failed)"
+
+
+def cached_record() -> Optional[Dict]:
+    """This machine's cached calibration (costs, machine, seconds it took), or None."""
+    data = cache.read_verified(_key(), _SUFFIX)
+    return None if data is None else json.loads(data)
+
+
+def recalibrate() -> Dict:
+    """Measures again and replaces this machine's cached calibration."""
+    record = _measured_record()
+    cache.write_verified(_key(), _SUFFIX, json.dumps(record, indent=1, sort_keys=True).encode())
+    return record
+
+
+def _key() -> str:
+    return cache.content_key("cpu-costs", CALIBRATION_VERSION, machine())
+
+
+def machine() -> str:
+    """What the costs depend on: CPU model, usable cores, TF version and threads."""
+    model = "unknown CPU"
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = (tf.config.threading.get_intra_op_parallelism_threads(),
+               tf.config.threading.get_inter_op_parallelism_threads())
+    return f"{model}; {cores} cores; TF {tf.__version__}; threads {threads}"
+
+
+def validate(costs: Dict) -> Dict:
+    """The costs, checked: every entry of BUILTIN present, finite and positive."""
+    for name in BUILTIN:
+        if name not in costs:
+            raise CalibrationError(f"costs lack {name!r}")
+    for name in ("bandwidth", "launch", "cache_speedup", "row_cache_bytes", "max_live_buffers"):
+        value = costs[name]
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise CalibrationError(f"cost {name}={value!r} is not a positive number")
+    for prim, value in costs["compute"].items():
+        if prim not in ir.EXPENSIVE or not isinstance(value, (int, float)) \
+                or not math.isfinite(value) or value < 0:
+            raise CalibrationError(f"compute cost {prim}={value!r} is not valid")
+    return costs
+
+
+def calibrate() -> Dict:
+    """Measures the costs on this machine (about a second); see the module doc.
+    Every time is a median, less the same function's time on a small input
+    (the call's own overhead)."""
+    x, y = _inputs(1 << 12)                 # 16 KiB: memory time negligible
+    call = _median(_chain(_mul, 1), x, y)
+    launch = (_median(_chain(_mul, 257), x, y) - call) / 256
+    _check("launch", launch, 1e-8, 1e-3)
+
+    big, ones = _inputs(1 << 23)            # 32 MiB per tensor: beyond any L3
+    bandwidth = 12 * (1 << 23) / (_median(_chain(_mul, 1), big, ones, rounds=9) - call)
+    _check("bandwidth", bandwidth, 1e8, 1e13)
+
+    small, ones = _inputs(1 << 16)          # 256 KiB per tensor: stays in L2
+    per_op = (_median(_chain(_mul, 33), small, ones) - _median(_chain(_mul, 1), small, ones)) / 32
+    cache_bandwidth = 12 * (1 << 16) / max(per_op - launch, 1e-9)
+    cache_speedup = min(max(cache_bandwidth / bandwidth, 1.0), 16.0)
+
+    costs = dict(BUILTIN, launch=launch, bandwidth=bandwidth, cache_speedup=cache_speedup,
+                 compute=_compute_costs(call))
+    l2 = l2_cache_bytes()
+    if l2:
+        costs["row_cache_bytes"] = l2 // 2
+    return validate(costs)
+
+
+def _compute_costs(call: float) -> Dict[str, float]:
+    """Seconds per element of the primitives that are compute-bound here, over
+    1M elements, against a cheap op of the same arity (same bytes)."""
+    x, y = _inputs(1 << 20)
+    compute = {}
+    for table, baseline, arity in ((_UNARY_OPS, tf.negative, 1),
+                                   (_BINARY_OPS, tf.multiply, 2)):
+        memory_bound = _median(_single(baseline, arity), x, y) - call
+        for prim, op in sorted(table.items()):
+            seconds = _median(_single(op, arity), x, y) - call
+            if seconds > max(memory_bound, 0.0) * _COMPUTE_BOUND_MARGIN:
+                compute[prim] = seconds / (1 << 20)
+    return compute
+
+
+def l2_cache_bytes() -> Optional[int]:
+    """Per-core L2 size from sysfs, or None where sysfs does not say."""
+    base = pathlib.Path("/sys/devices/system/cpu/cpu0/cache")
+    try:
+        for index in sorted(base.glob("index*")):
+            if (index / "level").read_text().strip() == "2":
+                size = (index / "size").read_text().strip().upper()
+                scale = {"K": 1024, "M": 1024 ** 2}.get(size[-1:], 1)
+                return int(size.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _measured_record() -> Dict:
+    start = time.perf_counter()
+    with tf.init_scope():  # eager even when called while a tf.function traces
+        costs = calibrate()
+    return {"version": CALIBRATION_VERSION, "machine": machine(),
+            "seconds": round(time.perf_counter() - start, 2), "costs": costs}
+
+
+def _mul(x, y):
+    return x * y
+
+
+def _chain(op: Callable, length: int):
+    """A tf.function applying `op(x, y)` to its result `length` times. Each op
+    waits for the one before, so the executor runs them one at a time; y is
+    an argument (ones), so Grappler can neither fold nor merge the chain."""
+    @tf.function(autograph=False)
+    def chain(x, y):
+        for _ in range(length):
+            x = op(x, y)
+        return x
+    return chain
+
+
+def _single(op: Callable, arity: int):
+    if arity == 2:
+        return tf.function(lambda x, y: op(x, y), autograph=False)
+    return tf.function(lambda x, y: op(x), autograph=False)
+
+
+def _median(fn, x, y, rounds: int = 21) -> float:
+    fn(x, y)  # trace and warm
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn(x, y)  # eager calls return when the function has run
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _inputs(n: int):
+    x = np.random.default_rng(0).uniform(0.5, 1.5, n).astype(np.float32)
+    return tf.constant(x), tf.ones([n], tf.float32)
+
+
+def _check(name: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise CalibrationError(f"measured {name}={value:.3g}, outside [{low:g}, {high:g}]: "
+                               "the machine was too busy to measure")
