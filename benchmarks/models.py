@@ -86,6 +86,8 @@ flags.DEFINE_alias("results", "out")
 flags.DEFINE_bool("inference", True, "Also benchmark BERT's inference function.")
 flags.DEFINE_string("fs_fusion", "stitch", "The fusion strategy of the fs contender "
                     "(optimize's fusion option; 'stitch' is optimize's default).")
+flags.DEFINE_enum("fs_costs", None, ["calibrated", "builtin"], "With --fs_fusion=explore: "
+                  "the delta evaluator's costs (optimize's costs option; default calibrated).")
 
 # Real-size batches that keep one training step of each model at about a second on a
 # 2-core CPU (four contenders x (warm-up + repeats) steps per model).
@@ -175,12 +177,12 @@ def run_row(name, function, sizes, batch_size, cache_root):
 
         stage = f"optimize ({FLAGS.fs_fusion}, cold)"
         _fresh_cache_dir(cache_root, f"{name}-{function}")
-        fs_fn = fs.optimize(fns["fs"], fusion=FLAGS.fs_fusion)
+        fs_fn = fs.optimize(fns["fs"], **_fs_options())
         cold, cold_wall, warns = _traced(fs_fn, args)
         row["notes"] += [f"fs: {w}" for w in warns]
         row["exploration"] = cold.exploration
         stage = f"optimize ({FLAGS.fs_fusion}, warm)"
-        warm, _, _ = _traced(fs.optimize(fns["fs"], fusion=FLAGS.fs_fusion), args)
+        warm, _, _ = _traced(fs.optimize(fns["fs"], **_fs_options()), args)
         stage = "optimize (xla_like)"
         xla_like_fn = fs.optimize(fns["xla_like"], fusion="xla_like")
         xla_like, _, warns = _traced(xla_like_fn, args)
@@ -354,14 +356,22 @@ def machine_line(load):
             f"before the run")
 
 
+def _fs_options():
+    """optimize()'s options for the fs contender, from the flags."""
+    options = {"fusion": FLAGS.fs_fusion}
+    if FLAGS.fs_costs is not None:
+        options["costs"] = FLAGS.fs_costs
+    return options
+
+
 def markdown(rows, load, seconds, sizes_text, source, during):
     batch_text = ""
     if FLAGS.size == "real" and FLAGS.batch is None:
         batch_text = (" with small batches (the batch column), so that one training step "
                       "takes about a second or two on this 2-core CPU and every model fits "
                       "the run")
-    fs_call = ("optimize(fn)" if FLAGS.fs_fusion == "stitch"
-               else f"optimize(fn, fusion={FLAGS.fs_fusion!r})")
+    fs_call = "optimize(fn" + "".join(f", {k}={v!r}" for k, v in _fs_options().items()
+                                      if (k, v) != ("fusion", "stitch")) + ")"
     lines = [
         BEGIN,
         "## Reference models (`benchmarks/models.py`)",
@@ -419,6 +429,9 @@ def main(argv):
     unknown = set(FLAGS.models) - set(ALL_MODELS)
     if unknown:
         raise app.UsageError(f"unknown --models {sorted(unknown)}; choose from {ALL_MODELS}")
+    if FLAGS.fs_costs is not None and FLAGS.fs_fusion != "explore":
+        raise app.UsageError(f"--fs_costs applies only to --fs_fusion=explore, got "
+                             f"--fs_fusion={FLAGS.fs_fusion}")
     overrides = _overrides()
     load = os.getloadavg()[0]  # other work running now skews every time below
     start = time.perf_counter()
