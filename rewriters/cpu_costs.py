@@ -1,8 +1,9 @@
 """The delta evaluator's costs (explore.py) for the machine the rewrite runs on.
 
-A short calibration run (about a second) measures, with TensorFlow's own CPU
+A short calibration run (about two seconds) measures, with TensorFlow's own CPU
 kernels in the process's thread configuration, each time a median less the
-call's own overhead:
+call's own overhead (launch, bandwidth and cache speed-up: the median of three
+such measurements):
 
 - "launch": what one more op costs, from a chain of 257 x * y ops over 4096
   elements (16 KiB: their memory time is negligible) against one;
@@ -157,24 +158,27 @@ def validate(costs: Dict) -> Dict:
 
 
 def calibrate() -> Dict:
-    """Measures the costs on this machine (about a second); see the module doc.
-    Every time is a median, less the same function's time on a small input
-    (the call's own overhead)."""
+    """Measures the costs on this machine (about two seconds); see the module
+    doc. Every time is a median, less the same function's time on a small
+    input (the call's own overhead); the memory costs are the medians of
+    three such measurements, as a shared machine's load comes and goes."""
+    one, chain33, chain257 = _chain(_mul, 1), _chain(_mul, 33), _chain(_mul, 257)
     x, y = _inputs(1 << 12)                 # 16 KiB: memory time negligible
-    call = _median(_chain(_mul, 1), x, y)
-    launch = (_median(_chain(_mul, 257), x, y) - call) / 256
+    big, big_ones = _inputs(1 << 23)        # 32 MiB per tensor: beyond any L3
+    small, small_ones = _inputs(1 << 16)    # 256 KiB per tensor: stays in L2
+    runs = []
+    for _ in range(3):
+        call = _median(one, x, y)
+        launch = (_median(chain257, x, y) - call) / 256
+        bandwidth = 12 * (1 << 23) / (_median(one, big, big_ones, rounds=9) - call)
+        per_op = (_median(chain33, small, small_ones) - _median(one, small, small_ones)) / 32
+        cache_speedup = 12 * (1 << 16) / max(per_op - launch, 1e-9) / bandwidth
+        runs.append((call, launch, bandwidth, cache_speedup))
+    call, launch, bandwidth, cache_speedup = (statistics.median(r) for r in zip(*runs))
     _check("launch", launch, 1e-8, 1e-3)
-
-    big, ones = _inputs(1 << 23)            # 32 MiB per tensor: beyond any L3
-    bandwidth = 12 * (1 << 23) / (_median(_chain(_mul, 1), big, ones, rounds=9) - call)
     _check("bandwidth", bandwidth, 1e8, 1e13)
-
-    small, ones = _inputs(1 << 16)          # 256 KiB per tensor: stays in L2
-    per_op = (_median(_chain(_mul, 33), small, ones) - _median(_chain(_mul, 1), small, ones)) / 32
-    cache_bandwidth = 12 * (1 << 16) / max(per_op - launch, 1e-9)
-    cache_speedup = min(max(cache_bandwidth / bandwidth, 1.0), 16.0)
-
-    costs = dict(BUILTIN, launch=launch, bandwidth=bandwidth, cache_speedup=cache_speedup,
+    costs = dict(BUILTIN, launch=launch, bandwidth=bandwidth,
+                 cache_speedup=min(max(cache_speedup, 1.0), 16.0),
                  compute=_compute_costs(call))
     l2 = l2_cache_bytes()
     if l2:
