@@ -95,17 +95,24 @@ class CalibrationError(RuntimeError):
 def for_this_machine() -> Tuple[Dict, str]:
     """(costs, where they came from): the calibrated costs, measured on first
     use and then read from the cache; BUILTIN (with a warning) when
-    calibration fails."""
-    try:
-        path = cache.get_or_build(_key(), _SUFFIX, lambda tmp: tmp.write_text(
-            json.dumps(_measured_record(), indent=1, sort_keys=True)))
-        return validate(json.loads(path.read_text())["costs"]), "calibrated"
-    except (cache.CacheError, CalibrationError, OSError, ValueError, KeyError,
-            tf.errors.OpError) as e:
-        warnings.warn(f"tf_fusionstitch: CPU cost calibration failed ({type(e).__name__}: "
-                      f"{e}); fusion='explore' prices plans with the builtin costs",
-                      RuntimeWarning, stacklevel=2)
-        return dict(BUILTIN), "builtin (calibration failed)"
+    calibration fails. A process that saw it fail does not measure again."""
+    global _failure
+    if _failure is None:
+        try:
+            path = cache.get_or_build(_key(), _SUFFIX, lambda tmp: tmp.write_text(
+                json.dumps(_measured_record(), indent=1, sort_keys=True)))
+            return validate(json.loads(path.read_text())["costs"]), "calibrated"
+        except (cache.CacheError, CalibrationError, OSError, ValueError, KeyError,
+                tf.errors.OpError) as e:
+            _failure = f"{type(e).__name__}: {e}"
+    warnings.warn(f"tf_fusionstitch: CPU cost calibration failed ({_failure}); "
+                  "fusion='explore' prices plans with the builtin costs",
+                  RuntimeWarning, stacklevel=2)
+    return dict(BUILTIN), "builtin, calibration failed"
+
+
+# Why calibration failed in this process, if it did.
+_failure: Optional[str] = None
 
 
 def cached_record() -> Optional[Dict]:

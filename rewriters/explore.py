@@ -79,7 +79,7 @@ class ExploreStats:
                 f"{self.merged} neighbour merge(s), "
                 f"{self.packed} kernel(s) packed by remote fusion, plan saves "
                 f"{self.plan_score * 1e6:.1f} us/call by the delta evaluator "
-                f"({self.costs} costs), {self.seconds:.2f} s")
+                f"(costs: {self.costs}), {self.seconds:.2f} s")
 
 
 Pattern = FrozenSet[str]

@@ -78,16 +78,26 @@ class CalibrationTest(tf.test.TestCase):
         def broken():
             raise cpu_costs.CalibrationError("measured bandwidth=-1")
 
-        real, cpu_costs.calibrate = cpu_costs.calibrate, broken
+        calls = []
+
+        def counted():
+            calls.append(1)
+            broken()
+
+        real, cpu_costs.calibrate = cpu_costs.calibrate, counted
         try:
             with _PrivateCache(), warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 costs, source = cpu_costs.for_this_machine()
+                again = cpu_costs.for_this_machine()
         finally:
-            cpu_costs.calibrate = real
+            cpu_costs.calibrate, cpu_costs._failure = real, None
         self.assertEqual(costs, cpu_costs.BUILTIN)
-        self.assertEqual(source, "builtin (calibration failed)")
+        self.assertEqual(source, "builtin, calibration failed")
         self.assertIn("bandwidth=-1", str(caught[0].message))
+        self.assertEqual(again, (costs, source))
+        self.assertLen(calls, 1)                 # the process does not measure again
+        self.assertLen(caught, 2)                # but says so on every use
 
     def test_calibrating_while_a_function_traces_measures_eagerly(self):
         found = []
@@ -168,7 +178,7 @@ class ExploreCostsOptionTest(tf.test.TestCase):
         for costs in ("calibrated", "builtin"):
             opt = fs.optimize(f, fusion="explore", costs=costs, rewrite_cache=False)
             np.testing.assert_allclose(quiet_call(opt, x, b), f(x, b), rtol=1e-5, atol=1e-6)
-            self.assertIn(f"({costs} costs)", str(opt.report()))
+            self.assertIn(f"(costs: {costs})", str(opt.report()))
 
     def test_costs_is_an_explore_option_with_two_values(self):
         f = tf.function(lambda x: x * 2.0)
