@@ -93,7 +93,8 @@ class _Explorer:
         self.stats = ExploreStats(k, beam)
         self._cache: Dict[Pattern, Optional[float]] = {}
         self._space: Dict[Pattern, Optional[tuple]] = {}  # see _space_key
-        self._alone: Dict[str, float] = {}
+        self._alone: Dict[str, float] = {}            # see _seconds_alone
+        self._compute_alone: Dict[str, float] = {}    # an op's compute, from its own lowering
         self._launches = {n: int(op_table.is_memory_intensive(view.nodes[n].op))
                           for n in candidates}
 
@@ -119,9 +120,9 @@ class _Explorer:
             view = self.view
             traffic = sum(self._bytes(t) for t in view.data_inputs[name]) + \
                 sum(self._bytes((name, p)) for p in range(view.num_outputs[name]))
-            compute = 0.0
-            if self.costs["compute"]:
-                try:
+            compute = self._compute_alone.get(name, 0.0)
+            if self.costs["compute"] and name not in self._compute_alone:
+                try:  # an op whose pattern alone was not scored yet
                     compute = self._compute(lower_nodes(view, [name], self.fetches).cluster)
                 except LOWERING_ERRORS:
                     pass
@@ -131,12 +132,14 @@ class _Explorer:
 
     def _score(self, nodes: Pattern, lowered, schedule) -> float:
         costs = self.costs
+        compute = self._compute(lowered.cluster)
+        if len(nodes) == 1:  # the op alone: its compute, lowered once
+            self._compute_alone[next(iter(nodes))] = compute
         unfused = sum(self._seconds_alone(n) for n in nodes)
         traffic = sum(self._bytes(t) for t in lowered.input_tensors) + \
             sum(self._bytes(t) for t in lowered.output_tensors)
         launches = min(sum(self._launches.get(n, 0) for n in nodes), 1)
-        fused = launches * costs["launch"] + max(traffic / costs["bandwidth"],
-                                                 self._compute(lowered.cluster))
+        fused = launches * costs["launch"] + max(traffic / costs["bandwidth"], compute)
         return unfused - fused - self._penalty(lowered, schedule)
 
     def _penalty(self, lowered, schedule) -> float:

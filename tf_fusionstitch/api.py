@@ -50,7 +50,8 @@ _OPTIONS = {
 }
 # Options that do not change the rewritten graph, so stay out of the rewrite cache's key.
 _NOT_IN_CACHE_KEY = ("rewrite_cache",)
-# Options that only mean something under one fusion strategy, and their ranges.
+# Options that only mean something under fusion="explore", and the ranges of the numeric ones.
+_EXPLORE_ONLY = ("explore_k", "explore_beam", "costs")
 _EXPLORE_RANGES = {"explore_k": (1, 8), "explore_beam": (1, 16)}
 # Options whose value must be one of a few.
 _CHOICES = {"fusion": FUSION_STRATEGIES, "costs": ("calibrated", "builtin")}
@@ -311,7 +312,7 @@ def optimize(fn, **options) -> OptimizedFunction:
         raise ValueError(f"optimize() option pack applies only to fusion='stitch' (got "
                          f"fusion={resolved['fusion']!r}: xla_like never packs, explore packs "
                          f"by its own search); drop pack")
-    for key in list(_EXPLORE_RANGES) + ["costs"]:
+    for key in _EXPLORE_ONLY:
         if key in options and resolved["fusion"] != "explore":
             raise ValueError(f"optimize() option {key} applies only to fusion='explore' "
                              f"(got fusion={resolved['fusion']!r}); pass fusion='explore' "
