@@ -136,15 +136,15 @@ def _max_abs_diff(actual, expected):
 
 
 def _traced(opt, args):
-    """Traces (and so rewrites) `opt` for `args` without running it; returns (report,
-    wall seconds)."""
+    """Traces (and so rewrites) the version of `opt` that a call with `args`
+    runs, without running it; returns (report, wall seconds, warnings)."""
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
-        opt.get_concrete_function(*args)
+        report = opt.prepare(*args)
     wall = time.perf_counter() - t0
-    return opt.report(), wall, [str(w.message) for w in caught
-                                if issubclass(w.category, RuntimeWarning)]
+    return report, wall, [str(w.message) for w in caught
+                          if issubclass(w.category, RuntimeWarning)]
 
 
 # --------------------------------------------------------------------------- one row

@@ -19,7 +19,10 @@ is 1 and the other's is not, so
   operand's size on that axis.
 
 Anything else (an unknown size against another unknown one of a different
-origin, or against a static size other than 1) stays as TF built it. A Sum
+origin, or against a static size other than 1) stays as TF built it, unless
+both unknown sizes are the function's input sizes and the caller, which
+checks them on every call (versions.py), lets `fold` assume them equal
+(InputEqualities): then the operand has the other's size there, as above. A Sum
 over no axes becomes an Identity (TF's own Sum forwards its input then too);
 otherwise its axes become a constant. Both differ from TF's runtime answer
 at most by summing a size-1 axis, so this is done only for Sums read by
@@ -33,42 +36,110 @@ target becomes a constant with -1 there. Either way it can join a kernel.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set
+import dataclasses
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, types_pb2
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.rewriters.dim_origins import Dim, DimOrigins, monomial
+from tf_fusionstitch.rewriters.dim_origins import Dim, DimOrigins, InputDim, monomial
 from tf_fusionstitch.rewriters.graph_view import (GraphView, Tensor, fresh_name,
                                                   parse_input)
 
 
-def fold(graph_def, types: Dict[Tensor, Optional[ir.TensorType]], fetches: Set[Tensor]):
-    """(GraphDef, types) with every decision below taken that can be."""
+InputPair = Tuple[InputDim, InputDim]
+
+
+@dataclasses.dataclass
+class InputEqualities:
+    """Equalities between the function's input sizes that `fold` may assume,
+    for a caller that checks them before every call (api.py keeps one
+    version of the function per set of them). `allowed(pair)`: whether the
+    caller will guarantee the pair. `fold` fills in `wanted`, the pairs that
+    would decide a gradient Sum, and `assumed`, those it relied on; each
+    pair is sorted."""
+    allowed: Callable[[InputPair], bool]
+    wanted: Set[InputPair] = dataclasses.field(default_factory=set)
+    assumed: Set[InputPair] = dataclasses.field(default_factory=set)
+
+
+def fold(graph_def, types: Dict[Tensor, Optional[ir.TensorType]], fetches: Set[Tensor],
+         inputs: Optional[InputEqualities] = None):
+    """(GraphDef, types) with every decision below taken that can be, also
+    those `inputs` lets it take by assuming input sizes equal."""
     graph_def, types, _ = fold_shape_arithmetic(graph_def, types, fetches)
-    graph_def, types, _ = fold_broadcast_gradients(graph_def, types, fetches)
-    graph_def, types, _ = fold_reshapes(graph_def, types, fetches)
+    equal = _assumed_equalities(graph_def, types, fetches, inputs) if inputs else set()
+    graph_def, types, _ = fold_broadcast_gradients(graph_def, types, fetches, equal)
+    graph_def, types, _ = fold_reshapes(graph_def, types, fetches, equal)
     return graph_def, types
 
 
+def _assumed_equalities(graph_def, types, fetches: Set[Tensor],
+                        inputs: InputEqualities) -> Set[InputPair]:
+    """The input size pairs that decide a gradient Sum nothing else decides,
+    where `inputs` allows every pair that Sum needs."""
+    view = GraphView(graph_def, types)
+    sums = [n for n in graph_def.node if (n.name, 0) not in fetches and _candidate(view, n)]
+    if not sums:
+        return set()
+    origins = DimOrigins(view, fetches)
+    for node in sums:
+        this, other = _operand_shapes(view, origins, node)
+        if this is None or other is None:
+            continue
+        pairs = _input_pairs_deciding(origins, this, other)
+        if pairs:
+            inputs.wanted |= pairs
+            if all(inputs.allowed(p) for p in pairs):
+                inputs.assumed |= pairs
+    return set(inputs.assumed)
+
+
+def _input_pairs_deciding(origins: DimOrigins, this: List[Dim],
+                          other: List[Dim]) -> Optional[Set[InputPair]]:
+    """The pairs of input sizes whose equality decides which axes the
+    gradient of the operand shaped `this` sums (summed_axes), or None if
+    such equalities cannot decide it (a size of no input, a static size
+    other than 1 against an unknown one); empty if it is decided already."""
+    rank = max(len(this), len(other))
+    a = [1] * (rank - len(this)) + list(this)
+    b = [1] * (rank - len(other)) + list(other)
+    pairs: Set[InputPair] = set()
+    for mine, theirs in zip(a, b):
+        if isinstance(mine, int) or theirs == 1 or theirs == mine:
+            continue
+        x, y = origins.input_dim(mine), origins.input_dim(theirs)
+        if x is None or y is None:
+            return None
+        pairs.add((min(x, y), max(x, y)))
+    return pairs
+
+
+def _operand_shapes(view: GraphView, origins: DimOrigins, node):
+    """The BroadcastGradientArgs operand shapes of a gradient Sum: (the one
+    it reduces to, the other)."""
+    src, port, _ = parse_input(node.input[1])
+    args = view.nodes[src]
+    return (origins.value(parse_input(args.input[port])[:2]),
+            origins.value(parse_input(args.input[1 - port])[:2]))
+
+
 def fold_broadcast_gradients(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
-                             fetches: Set[Tensor]):
-    """(GraphDef, types, number of Sums whose axes were decided). Fetched
-    Sums keep TF's runtime axes, whose shape the caller sees."""
+                             fetches: Set[Tensor], equal_inputs: Set[InputPair] = frozenset()):
+    """(GraphDef, types, number of Sums whose axes were decided), taking the
+    input size pairs `equal_inputs` as equal. Fetched Sums keep TF's
+    runtime axes, whose shape the caller sees."""
     view = GraphView(graph_def, types)
     sums = [n for n in graph_def.node
             if (n.name, 0) not in fetches and _candidate(view, n)]
     if not sums:
         return graph_def, types, 0
-    origins = DimOrigins(view, fetches)
+    origins = DimOrigins(view, fetches, equal_inputs)
     decided: Dict[str, List[int]] = {}
     for node in sums:
-        src, port, _ = parse_input(node.input[1])
-        args = view.nodes[src]
-        this = origins.value(parse_input(args.input[port])[:2])
-        other = origins.value(parse_input(args.input[1 - port])[:2])
+        this, other = _operand_shapes(view, origins, node)
         g = view.type_of(parse_input(node.input[0])[:2])
         if this is None or other is None or g is None:
             continue
@@ -97,15 +168,16 @@ def fold_broadcast_gradients(graph_def, types: Dict[Tensor, Optional[ir.TensorTy
 
 
 def fold_reshapes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
-                  fetches: Set[Tensor]):
+                  fetches: Set[Tensor], equal_inputs: Set[InputPair] = frozenset()):
     """(GraphDef, types, number of Reshapes decided): Reshapes whose target
-    shape is a computed tensor, where dim_origins proves what it is."""
+    shape is a computed tensor, where dim_origins proves what it is (taking
+    the input size pairs `equal_inputs` as equal)."""
     view = GraphView(graph_def, types)
     reshapes = [n for n in graph_def.node if n.op == "Reshape" and len(n.input) >= 2
                 and view.nodes[parse_input(n.input[1])[0]].op != "Const"]
     if not reshapes:
         return graph_def, types, 0
-    origins = DimOrigins(view, fetches)
+    origins = DimOrigins(view, fetches, equal_inputs)
     decided: Dict[str, Optional[List[int]]] = {}   # None: an Identity
     for node in reshapes:
         source = origins.dims(parse_input(node.input[0])[:2])

@@ -25,7 +25,7 @@ An origin equality is a proof; a missing one is only "not known".
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -46,11 +46,18 @@ _PASS_VALUE = ("Identity", "Cast", "StopGradient")
 _MAX_VECTOR = 16
 
 
+# An unknown size of a function input: (Placeholder name, axis).
+InputDim = Tuple[str, int]
+
+
 class DimOrigins:
-    def __init__(self, view: GraphView, fetches: Optional[Set[Tensor]] = None):
+    def __init__(self, view: GraphView, fetches: Optional[Set[Tensor]] = None,
+                 equal_inputs: Iterable[Tuple[InputDim, InputDim]] = ()):
         """With `fetches`, only ops that run (those the fetches or a stateful
         op depend on) may make origins one: TF prunes the others unrun, so
-        they prove nothing. Without, every op counts."""
+        they prove nothing. Without, every op counts. `equal_inputs`: pairs
+        of input sizes taken as equal (a caller that checks them on every
+        call: input_guards.py)."""
         self._view = view
         self._parent: Dict[Tuple, Tuple] = {}            # union-find of equal origins
         self._dims: Dict[Tensor, List[Dim]] = {}
@@ -58,9 +65,18 @@ class DimOrigins:
         self._scalar: Dict[Tensor, bool] = {}
         self._runs = None if fetches is None else _ops_that_run(view, fetches)
         self._may_unify = True
+        for a, b in equal_inputs:
+            self.unify(_input_origin(a), _input_origin(b))
         for name in view.order:
             self._may_unify = self._runs is None or name in self._runs
             self._visit(view.nodes[name])
+        # Each class of equal sizes that holds an input's unknown size: one of them.
+        self._input_of: Dict[Dim, InputDim] = {}
+        for name, node in view.nodes.items():
+            if node.op == "Placeholder":
+                for axis, d in enumerate(self._dims.get((name, 0), ())):
+                    if _is_origin(d):
+                        self._input_of.setdefault(self._find(d), (name, axis))
 
     def dims(self, t: Tensor) -> Optional[List[Dim]]:
         """The tensor's dimensions, or None if its rank is unknown."""
@@ -71,6 +87,10 @@ class DimOrigins:
         """The components of a small int vector (a shape), or None."""
         value = self._values.get(t)
         return None if value is None else [self._find(d) for d in value]
+
+    def input_dim(self, d: Dim) -> Optional[InputDim]:
+        """A function input's size proven equal to `d`, if there is one."""
+        return None if not _is_origin(d) else self._input_of.get(self._find(d))
 
     def _find(self, d: Dim) -> Dim:
         if isinstance(d, int):
@@ -292,6 +312,11 @@ def _einsum(origins: DimOrigins, equation: str,
         for d in sizes[1:]:
             origins.unify(sizes[0], d)
     return [origins._find(by_label[label][0]) for label in out]
+
+
+def _input_origin(d: InputDim) -> Dim:
+    name, axis = d
+    return ("dim", name, 0, axis)
 
 
 def _is_origin(d: Dim) -> bool:

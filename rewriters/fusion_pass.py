@@ -65,22 +65,27 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
                     build: Callable[[ir.Cluster], object],
                     min_cluster_ops: int = 2, fusion: str = "stitch",
                     explore_k: int = 3, explore_beam: int = 3, pack: bool = True,
-                    costs: Optional[Dict] = None, costs_source: str = "builtin") -> PassResult:
+                    costs: Optional[Dict] = None, costs_source: str = "builtin",
+                    input_equalities: Optional[decided_shapes.InputEqualities] = None
+                    ) -> PassResult:
     """`build(cluster)` returns an object with .key/.spec/.num_loops/.buffered/.parts
     (kernels.CompiledKernel) after making it runnable, or raises. `fusion` is
     one of FUSION_STRATEGIES; explore_k and explore_beam are fusion="explore"'s
     candidate patterns per vertex and beam width, `costs` its delta
     evaluator's costs (cpu_costs.py; BUILTIN if None) and `costs_source` where
     they came from, for the report; `pack`: fusion="stitch" packs kernels that
-    no path connects (packing.py)."""
+    no path connects (packing.py); `input_equalities`: equal input sizes the
+    pass may assume in the graph's own nodes (decided_shapes.py), and where
+    it reports those it relied on."""
     if fusion not in FUSION_STRATEGIES:
         raise ValueError(f"fusion={fusion!r}: expected one of {', '.join(FUSION_STRATEGIES)}")
 
-    def run_pass(gd, gd_types, gd_fetches):
+    def run_pass(gd, gd_types, gd_fetches, inputs=None):
         return _fuse_graph(gd, gd_types, gd_fetches, build, min_cluster_ops, fusion,
-                           explore_k, explore_beam, pack, costs, costs_source)
+                           explore_k, explore_beam, pack, costs, costs_source, inputs)
 
-    result = run_pass(graph_def, types, fetches)
+    # A function body's inputs are its caller's values, which no guard checks.
+    result = run_pass(graph_def, types, fetches, input_equalities)
     if not graph_def.library.function:
         return result
     try:
@@ -111,13 +116,14 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
 
 def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: int,
                 fusion: str, explore_k: int, explore_beam: int, pack: bool,
-                costs: Optional[Dict], costs_source: str) -> PassResult:
+                costs: Optional[Dict], costs_source: str,
+                input_equalities: Optional[decided_shapes.InputEqualities]) -> PassResult:
     """The pass over `graph_def`'s own nodes."""
     before = memory_intensive_kernels(graph_def)  # of the graph as given, before any expansion
     graph_def, types, _ = variable_updates.fold_variable_updates(
         graph_def, types, op_table.is_memory_intensive)
     graph_def, _ = variable_updates.forward_assigned_reads(graph_def, fetches)
-    graph_def, types = decided_shapes.fold(graph_def, types, fetches)
+    graph_def, types = decided_shapes.fold(graph_def, types, fetches, input_equalities)
     if fusion == "xla_like":
         graph_def, types = xla_like.expand_softmax(graph_def, types)
     view = GraphView(graph_def, types)

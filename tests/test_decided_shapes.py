@@ -6,7 +6,7 @@ import tensorflow as tf
 
 import tf_fusionstitch as fs
 from optimize_testlib import quiet_call, random, rng
-from tf_fusionstitch.rewriters import grappler, shapes
+from tf_fusionstitch.rewriters import decided_shapes, grappler, shapes
 from tf_fusionstitch.rewriters.decided_shapes import summed_axes
 from tf_fusionstitch.rewriters.dim_origins import DimOrigins
 from tf_fusionstitch.rewriters.graph_view import GraphView
@@ -127,6 +127,43 @@ class DimOriginsTest(tf.test.TestCase):
         self.assertNotEqual(origins.dims((a.op.name, 0))[0], origins.dims((b.op.name, 0))[0])
 
 
+class InputEqualitiesTest(tf.test.TestCase):
+    """fold() under assumed equal input sizes (a caller that checks them)."""
+
+    def _folded(self, allowed):
+        @tf.function
+        def grads(a, b, c):
+            with tf.GradientTape() as tape:
+                tape.watch([a, b, c])
+                loss = tf.reduce_sum(tf.exp(a * 0.5) * b + a) + tf.reduce_sum(c * 2.0)
+            return tape.gradient(loss, [a, b, c])
+
+        concrete = grads.get_concrete_function(*[tf.TensorSpec([None, 4])] * 3)
+        graph = concrete.graph
+        outputs = [t.name for t in concrete.outputs]
+        graph_def = grappler.run_grappler(graph.as_graph_def(), graph, outputs)
+        types = shapes.infer_types(graph_def, {t.name: tf.TensorSpec(t.shape, t.dtype)
+                                               for op in graph.get_operations()
+                                               for t in op.outputs})
+        inputs = decided_shapes.InputEqualities(allowed)
+        fetches = {(name.split(":")[0], 0) for name in outputs}
+        folded, _ = decided_shapes.fold(graph_def, types, fetches, inputs)
+        return graph_def, folded, inputs
+
+    def test_an_allowed_equality_decides_the_sums_it_names(self):
+        before, after, inputs = self._folded(lambda pair: True)
+        self.assertNotEmpty(_bga_sums(before))
+        self.assertEmpty(_bga_sums(after))
+        self.assertEqual(inputs.wanted, {(("a", 0), ("b", 0))})   # c broadcasts with nothing
+        self.assertEqual(inputs.assumed, inputs.wanted)
+
+    def test_a_refused_equality_is_only_reported_as_wanted(self):
+        before, after, inputs = self._folded(lambda pair: False)
+        self.assertEqual(len(_bga_sums(after)), len(_bga_sums(before)))
+        self.assertEqual(inputs.wanted, {(("a", 0), ("b", 0))})
+        self.assertEqual(inputs.assumed, set())
+
+
 class GradientTest(tf.test.TestCase):
 
     def test_layer_gradients_with_a_dynamic_batch_fuse_and_match(self):
@@ -219,7 +256,8 @@ class GradientTest(tf.test.TestCase):
                 loss = tf.reduce_sum(tf.exp(a * 0.5) * b + a)
             return tape.gradient(loss, [a, b])
 
-        opt = fs.optimize(grads)
+        # Without versions that assume the batches equal (test_versions.py).
+        opt = fs.optimize(grads, specialize=False)
         for rows_a, rows_b in ((1, 3), (3, 1), (3, 3)):
             a = random(rng(rows_a), (rows_a, 4), "float32")
             b = random(rng(10 + rows_b), (rows_b, 4), "float32")

@@ -20,16 +20,17 @@ import re
 import threading
 import time
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 from tf_fusionstitch import kernels, rewrite_cache
 from tf_fusionstitch.report import Report
-from tf_fusionstitch.rewriters import cpu_costs, grappler, shapes
+from tf_fusionstitch.rewriters import cpu_costs, decided_shapes, grappler, shapes
 from tf_fusionstitch.rewriters.fusion_pass import FUSION_STRATEGIES, run_fusion_pass
 from tf_fusionstitch.rewriters.graph_view import parse_input, tensor_name
 from tf_fusionstitch.runtime import cache, cpu_compiler
+from tf_fusionstitch.versions import Version, Versions, call_sizes
 
 _OPTIONS = {
     "min_cluster_ops": (int, 2, "smallest number of primitive ops worth a fused kernel"),
@@ -47,6 +48,10 @@ _OPTIONS = {
              "launch (rewriters/packing.py)"),
     "rewrite_cache": (bool, True, "reuse the rewrite of an identical traced graph from the "
                       "disk cache (tf_fusionstitch/rewrite_cache.py)"),
+    "specialize": (bool, True, "where a call's arguments make dynamic sizes equal that decide "
+                   "a gradient's reduction, rewrite a version assuming them; every call "
+                   "checks its sizes and runs a version they fit "
+                   "(tf_fusionstitch/versions.py)"),
 }
 # Options that do not change the rewritten graph, so stay out of the rewrite cache's key.
 _NOT_IN_CACHE_KEY = ("rewrite_cache",)
@@ -69,31 +74,46 @@ class OptimizedFunction:
         self._graph_defs = []
         if isinstance(fn, tf.types.experimental.ConcreteFunction):
             arg_specs = fn.structured_input_signature[0]
-            signature = [s for s in tf.nest.flatten(arg_specs, expand_composites=True)
-                         if isinstance(s, tf.TensorSpec)]
+            self._flat_signature = [s for s in tf.nest.flatten(arg_specs, expand_composites=True)
+                                    if isinstance(s, tf.TensorSpec)]
             self._python_fn = None
-            self._function = tf.function(self._trace_concrete, input_signature=signature,
-                                         autograph=False)
             name = getattr(fn, "name", "concrete_function")
         else:
             self._python_fn = fn.python_function
-            # The wrapper takes the original's parameters, so keyword calls bind
-            # as they would on the original tf.function.
-            def trace(*args, **kwargs):
-                return self._trace(*args, **kwargs)
-            trace.__signature__ = inspect.signature(fn.python_function)
-            self._function = tf.function(
-                trace, input_signature=fn.input_signature, autograph=False,
-                reduce_retracing=bool(getattr(fn, "_reduce_retracing", False)))
             name = getattr(fn, "__name__", "function")
             functools.update_wrapper(self, fn.python_function)
         self._name = name if isinstance(name, str) else name.decode()
+        self._versions = Versions(self._make_function)
+        self._traced_leaves: Optional[int] = None   # how many leaves a trace flattened
 
     def __call__(self, *args, **kwargs):
-        return self._function(*args, **kwargs)
+        if not self._options["specialize"]:
+            return self._versions.generic.fn(*args, **kwargs)
+        version = self._versions.ready()
+        if version is not None:
+            return version.fn(*args, **kwargs)
+        sizes = self._call_sizes(args, kwargs)
+        version = self._versions.pick(sizes)
+        result = version.fn(*args, **kwargs)
+        self._versions.settle(version, sizes)
+        return result
 
     def get_concrete_function(self, *args, **kwargs):
-        return self._function.get_concrete_function(*args, **kwargs)
+        """The concrete function of the version that assumes nothing about
+        input sizes, so it is right for any arguments its signature takes."""
+        return self._versions.generic.fn.get_concrete_function(*args, **kwargs)
+
+    def prepare(self, *args, **kwargs) -> Report:
+        """Traces (rewrites) the version a call with these arguments would run,
+        without running it, and returns that trace's report."""
+        if not self._options["specialize"]:
+            self._versions.generic.fn.get_concrete_function(*args, **kwargs)
+            return self.report()
+        sizes = self._call_sizes(args, kwargs)
+        version = self._versions.ready() or self._versions.pick(sizes)
+        version.fn.get_concrete_function(*args, **kwargs)
+        self._versions.settle(version, sizes)
+        return self.report()
 
     @property
     def graph_def(self):
@@ -131,31 +151,76 @@ class OptimizedFunction:
         return paths
 
     # -- tracing -----------------------------------------------------------
-    def _trace(self, *args, **kwargs):
-        concrete = self._original.get_concrete_function(*args, **kwargs)
-        bound = inspect.signature(self._python_fn).bind(*args, **kwargs)
+    def _make_function(self, version: Version):
+        """The tf.function whose traces rewrite under `version`'s assumptions."""
+        if self._python_fn is None:
+            def trace_concrete(*flat_args):
+                return self._run_rewritten(version, self._original, list(flat_args))
+            return tf.function(trace_concrete, input_signature=self._flat_signature,
+                               autograph=False)
+
+        # The wrapper takes the original's parameters, so keyword calls bind
+        # as they would on the original tf.function.
+        def trace(*args, **kwargs):
+            concrete = self._original.get_concrete_function(*args, **kwargs)
+            return self._run_rewritten(version, concrete, self._leaves(args, kwargs))
+        trace.__signature__ = inspect.signature(self._python_fn)
+        return tf.function(
+            trace, input_signature=self._original.input_signature, autograph=False,
+            reduce_retracing=bool(getattr(self._original, "_reduce_retracing", False)))
+
+    def _leaves(self, args, kwargs) -> list:
+        """The arguments flattened as a trace flattens them (tensors there)."""
+        if self._python_fn is None:
+            return list(args)
+        try:
+            bound = inspect.signature(self._python_fn).bind(*args, **kwargs)
+        except TypeError:
+            return []   # the call itself will raise TF's error
         bound.apply_defaults()
-        leaves = tf.nest.flatten(list(bound.arguments.values()), expand_composites=True)
-        return self._run_rewritten(concrete, leaves)
+        return tf.nest.flatten(list(bound.arguments.values()), expand_composites=True)
 
-    def _trace_concrete(self, *flat_args):
-        return self._run_rewritten(self._original, list(flat_args))
+    def _call_sizes(self, args, kwargs):
+        """The call's sizes per traced leaf (versions.py). With an input
+        signature, an argument in a spec's place is one leaf however it is
+        nested (a list TF converts to one tensor); a call that does not line
+        up with the traces' leaves has no known sizes."""
+        signature = None if self._python_fn is None else self._original.input_signature
+        if signature is None:
+            leaves = self._leaves(args, kwargs)
+        else:
+            try:
+                bound = inspect.signature(self._python_fn).bind(*args, **kwargs)
+                bound.apply_defaults()
+                values = list(bound.arguments.values())
+                leaves = _flatten_like(list(signature), values[:len(signature)])
+                leaves += tf.nest.flatten(values[len(signature):], expand_composites=True)
+            except (TypeError, ValueError):
+                leaves = []
+        if self._traced_leaves is not None and len(leaves) != self._traced_leaves:
+            leaves = [None] * self._traced_leaves
+        return call_sizes(leaves)
 
-    def _run_rewritten(self, concrete, leaves):
-        feeds = []
-        for x in leaves:
+    def _run_rewritten(self, version: Version, concrete, leaves):
+        feeds, feed_leaves = [], []
+        for position, x in enumerate(leaves):
             if isinstance(x, tf.Variable):
                 x = x.handle
             if isinstance(x, tf.Tensor):
                 # Eager values (a variable's handle, a tensor default) are
                 # captured into this graph; import_graph_def needs graph tensors.
                 feeds.append(x if tf.is_symbolic_tensor(x) else tf.identity(x))
+                feed_leaves.append(position)
+        self._traced_leaves = len(leaves)
         graph = concrete.graph
         n_args = len(graph.inputs) - len(concrete.captured_inputs)
         if len(feeds) != n_args:
             return self._fallback(concrete, feeds, "could not match the call's arguments "
                                   f"({len(feeds)}) to the traced inputs ({n_args})")
-        rewritten, output_names, report = self._rewrite(concrete)
+        inputs = _InputSizes(graph.inputs[:n_args], feed_leaves, version)
+        rewritten, output_names, report = self._rewrite(concrete, inputs)
+        self._versions.traced(version, inputs.leaf_pairs(report.assumed_equal),
+                              inputs.leaf_pairs(report.equal_sizes_wanted))
         with self._lock:
             self._reports.append(report)
             self._graph_def = rewritten
@@ -176,7 +241,7 @@ class OptimizedFunction:
                       RuntimeWarning, stacklevel=3)
         return concrete(*feeds)
 
-    def _rewrite(self, concrete):
+    def _rewrite(self, concrete, inputs: "_InputSizes"):
         start = time.perf_counter()
         compilations = cpu_compiler.compilations
         graph = concrete.graph
@@ -194,6 +259,7 @@ class OptimizedFunction:
             options = {k: v for k, v in self._options.items() if k not in _NOT_IN_CACHE_KEY}
             if costs is not None:  # the plan depends on the values, not the option's name
                 options["costs"] = json.dumps(costs, sort_keys=True)
+            options["equal_sizes"] = inputs.classes
             key = rewrite_cache.make_key(
                 graph_def.SerializeToString(deterministic=True), outputs, control,
                 "\n".join(f"{name} {spec.dtype.name} {spec.shape}"
@@ -210,6 +276,7 @@ class OptimizedFunction:
         if self._options["grappler"]:
             graph_def = grappler.run_grappler(graph_def, graph, outputs + control)
         types = shapes.infer_types(graph_def, hints)
+        equalities = decided_shapes.InputEqualities(inputs.allowed)
         fetches = set()
         for name in outputs:
             src, port, _ = parse_input(name)
@@ -217,7 +284,8 @@ class OptimizedFunction:
         result = run_fusion_pass(graph_def, types, fetches, self._build,
                                  self._options["min_cluster_ops"], self._options["fusion"],
                                  self._options["explore_k"], self._options["explore_beam"],
-                                 self._options["pack"], costs, costs_source)
+                                 self._options["pack"], costs, costs_source,
+                                 equalities)
         output_names = []
         for name in outputs:
             src, port, _ = parse_input(name)
@@ -229,7 +297,9 @@ class OptimizedFunction:
             clusters=result.clusters, kernels_before=result.kernels_before,
             kernels_after=result.kernels_after, compile_seconds=result.compile_seconds,
             compilations=cpu_compiler.compilations - compilations,
-            rewrite_seconds=time.perf_counter() - start, unfused_ops=result.unfused_ops)
+            rewrite_seconds=time.perf_counter() - start, unfused_ops=result.unfused_ops,
+            assumed_equal=_pair_list(equalities.assumed),
+            equal_sizes_wanted=_pair_list(equalities.wanted))
         if key is not None and not report.fallbacks:
             try:
                 rewrite_cache.store(key, result.graph_def, output_names, report)
@@ -253,6 +323,63 @@ class OptimizedFunction:
     def _register(kernel):
         from tf_fusionstitch.custom_ops import loader  # builds the op library once
         loader.register_kernel(kernel.key, kernel.path, kernel.spec)
+
+
+class _InputSizes:
+    """A trace's view of its version: the graph's inputs' unknown sizes,
+    named (Placeholder, axis) in the rewrite and (leaf, axis) in versions.py."""
+
+    def __init__(self, placeholders, feed_leaves: List[int], version: Version):
+        self._leaf_of = {t.op.name: leaf for t, leaf in zip(placeholders, feed_leaves)}
+        self._name_of = {leaf: name for name, leaf in self._leaf_of.items()}
+        unknown = [(leaf, axis) for t, leaf in zip(placeholders, feed_leaves)
+                   if t.shape.rank is not None
+                   for axis, size in enumerate(t.shape) if size is None]
+        # Classes of input sizes (Placeholder, axis) this trace may take as equal.
+        self.classes = [[(self._name_of[leaf], axis) for leaf, axis in group]
+                        for group in version.equal_classes(unknown)]
+        self._class_of = {d: i for i, group in enumerate(self.classes) for d in group}
+
+    def allowed(self, pair) -> bool:
+        a, b = (self._class_of.get(tuple(d)) for d in pair)
+        return a is not None and a == b
+
+    def leaf_pairs(self, pairs) -> set:
+        """(name, axis, name, axis) pairs as versions.py's sorted leaf pairs;
+        pairs naming something other than an argument (a capture) are left out."""
+        out = set()
+        for a_name, a_axis, b_name, b_axis in pairs:
+            if a_name in self._leaf_of and b_name in self._leaf_of:
+                a, b = (self._leaf_of[a_name], a_axis), (self._leaf_of[b_name], b_axis)
+                out.add((min(a, b), max(a, b)))
+        return out
+
+
+def _flatten_like(structure, value) -> list:
+    """`value` flattened to the leaves of `structure` (an input signature):
+    one value per TensorSpec, a composite's components per other spec.
+    Raises ValueError where the two do not line up."""
+    if isinstance(structure, tf.TensorSpec):
+        return [value]
+    if isinstance(structure, tf.TypeSpec):
+        components = tf.nest.flatten(value, expand_composites=True)
+        if len(components) != len(tf.nest.flatten(structure, expand_composites=True)):
+            raise ValueError("a composite argument does not match its spec")
+        return components
+    if isinstance(structure, dict):
+        if not isinstance(value, dict) or set(value) != set(structure):
+            raise ValueError("a dict argument does not match its spec")
+        return [leaf for key in sorted(structure)
+                for leaf in _flatten_like(structure[key], value[key])]
+    if isinstance(structure, (list, tuple)):
+        if not isinstance(value, (list, tuple)) or len(value) != len(structure):
+            raise ValueError("a sequence argument does not match its spec")
+        return [leaf for s, v in zip(structure, value) for leaf in _flatten_like(s, v)]
+    raise ValueError(f"an input signature entry of type {type(structure).__name__}")
+
+
+def _pair_list(pairs) -> List[Tuple[str, int, str, int]]:
+    return sorted((a[0], a[1], b[0], b[1]) for a, b in pairs)
 
 
 def _file_stem(name: str) -> str:

@@ -38,6 +38,12 @@ class Report:
     # The plan came from the rewrite cache (tf_fusionstitch/rewrite_cache.py):
     # rewrite_seconds is then the time of the lookup and the kernels' reload.
     cache_hit: bool = False
+    # Input sizes (Placeholder, axis, Placeholder, axis) this plan assumes
+    # equal: every call checks them (tf_fusionstitch/versions.py). And those
+    # whose equality would decide a gradient's reduction, assumed or not.
+    assumed_equal: List[Tuple[str, int, str, int]] = dataclasses.field(default_factory=list)
+    equal_sizes_wanted: List[Tuple[str, int, str, int]] = dataclasses.field(
+        default_factory=list)
 
     @property
     def fused_clusters(self) -> List[ClusterReport]:
@@ -53,6 +59,10 @@ class Report:
                  f"{self.kernels_after} (fusion={self.fusion}, "
                  f"{len(self.fused_clusters)} FusionStitch)",
                  *([f"  {self.exploration}"] if self.exploration else []),
+                 *([f"  assumes equal sizes (checked on every call; other calls run "
+                    f"another version): " + ", ".join(
+                        f"{a}[{i}] == {b}[{j}]" for a, i, b, j in self.assumed_equal)]
+                   if self.assumed_equal else []),
                  f"  rewrite {self.rewrite_seconds:.2f} s"
                  f"{' (rewrite cache hit)' if self.cache_hit else ''}, of which compile "
                  f"{self.compile_seconds:.2f} s ({self.compilations} compilations)"]
