@@ -194,6 +194,24 @@ class OptimizedVersionsTest(tf.test.TestCase):
                     self.assertEqual(r.shape, o.shape)
                     self.assertAllClose(r, o, rtol=1e-5, atol=1e-5)
 
+    def test_a_function_of_star_args_with_a_signature_specializes(self):
+        @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 4])])
+        def grads(*xy):
+            with tf.GradientTape() as tape:
+                tape.watch(list(xy))
+                loss = tf.reduce_sum(tf.exp(xy[0] * 0.5) * xy[1])
+            return tape.gradient(loss, list(xy))
+
+        opt = fs.optimize(grads, rewrite_cache=False)
+        for seed, rows_x, rows_y in ((15, 3, 3), (16, 1, 3)):
+            x, y = _inputs(seed, rows_x, rows_y)
+            for r, o in zip(grads(x, y), quiet_call(opt, x, y)):
+                self.assertEqual(r.shape, o.shape)
+                self.assertAllClose(r, o, rtol=1e-5, atol=1e-5)
+        first, second = opt.reports()
+        self.assertLen(first.assumed_equal, 1)
+        self.assertEqual(second.assumed_equal, [])
+
     def test_specialize_false_assumes_nothing(self):
         grads = _make_grads()
         opt = fs.optimize(grads, specialize=False, rewrite_cache=False)

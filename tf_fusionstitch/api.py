@@ -190,9 +190,14 @@ class OptimizedFunction:
             leaves = self._leaves(args, kwargs)
         else:
             try:
-                bound = inspect.signature(self._python_fn).bind(*args, **kwargs)
+                parameters = inspect.signature(self._python_fn)
+                bound = parameters.bind(*args, **kwargs)
                 bound.apply_defaults()
-                values = list(bound.arguments.values())
+                # The signature's specs stand for the positional arguments, *args spread.
+                values = []
+                for name, value in bound.arguments.items():
+                    spread = parameters.parameters[name].kind == inspect.Parameter.VAR_POSITIONAL
+                    values.extend(value if spread else [value])
                 leaves = _flatten_like(list(signature), values[:len(signature)])
                 leaves += tf.nest.flatten(values[len(signature):], expand_composites=True)
             except (TypeError, ValueError):
