@@ -15,8 +15,7 @@ Stateful ops are never fusible, so their order is never changed.
 from __future__ import annotations
 
 import math
-
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.codegen import kernel_ir
@@ -99,7 +98,8 @@ def fusible_nodes(view: GraphView, fetches: Set[Tensor]) -> Dict[str, str]:
 def creates_cycle(view: GraphView, nodes: Set[str], owner: Dict[str, str],
                    members: Dict[str, List[str]],
                    position: Optional[Dict[str, int]] = None, *,
-                   after: Optional[int] = None) -> bool:
+                   after: Optional[int] = None,
+                   spans: Optional[Sequence[Tuple[int, int, str]]] = None) -> bool:
     """Whether a path leaves `nodes` and comes back into them in the graph
     where every other cluster already formed is one node: two clusters that
     are each fine can still feed each other (A -> B and B -> A).
@@ -111,15 +111,19 @@ def creates_cycle(view: GraphView, nodes: Set[str], owner: Dict[str, str],
     With `after` (a view.position) the caller vouches that every node placed
     after it is outside `nodes` and in no cluster (grow_clusters' merges, see
     there): from such a node paths only move forward, so the walk stops at
-    them without looking at the clusters at all."""
+    them without looking at the clusters at all.
+
+    `spans` (with `position`): every cluster of `members` as (first, last
+    position, name), sorted, when the caller keeps them (a search that
+    checks thousands of sets against one growing plan); else computed here."""
     if after is not None:
         return _reaches_back(view, nodes, owner, members, after)
     bound = None
     if position is not None:
         bound = max(position[m] for m in nodes)
-        spans = sorted((min(position[m] for m in ms), max(position[m] for m in ms))
-                       for ms in members.values() if ms)
-        for lo, hi in spans:
+        if spans is None:
+            spans = cluster_spans(members, position)
+        for lo, hi, _ in spans:
             if lo > bound:
                 break
             bound = max(bound, hi)
@@ -139,6 +143,13 @@ def creates_cycle(view: GraphView, nodes: Set[str], owner: Dict[str, str],
                     return True
                 stack.append(c)
     return False
+
+
+def cluster_spans(members: Dict[str, List[str]],
+                  position: Dict[str, int]) -> List[Tuple[int, int, str]]:
+    """creates_cycle's `spans`: each cluster's (first, last position, name), sorted."""
+    return sorted((min(position[m] for m in ms), max(position[m] for m in ms), unit)
+                  for unit, ms in members.items() if ms)
 
 
 def _reaches_back(view: GraphView, nodes: Set[str], owner: Dict[str, str],

@@ -48,6 +48,7 @@ costs of cpu_costs.py (measured on this machine, or its builtin ones):
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import time
@@ -241,28 +242,32 @@ class _Explorer:
 
     def best_plan(self, cands) -> List[Pattern]:
         view = self.view
-        # state: (score, patterns, owner, members)
-        states = [(0.0, (), {}, {})]
+        # state: (score, patterns, owner, members, the members' spans sorted)
+        states = [(0.0, (), {}, {}, [])]
         for v in (n for n in view.order if n in self.candidates):
             options = [(s, p) for s, p in cands.get(v, []) if len(p) > 1 and s > 0]
             if not options:
                 continue
             grown = []
-            for score, patterns, owner, members in states:
-                grown.append((score, patterns, owner, members))
+            for score, patterns, owner, members, spans in states:
+                grown.append((score, patterns, owner, members, spans))
                 if v in owner:
                     continue
                 for s, p in options:
                     if any(n in owner for n in p):
                         continue
-                    if creates_cycle(view, set(p), owner, members, view.position):
+                    if creates_cycle(view, set(p), owner, members, view.position,
+                                     spans=spans):
                         continue
                     unit = f"pattern{len(patterns)}"
                     new_owner = dict(owner)
                     new_owner.update((n, unit) for n in p)
                     new_members = dict(members)
                     new_members[unit] = sorted(p, key=view.position.get)
-                    grown.append((score + s, patterns + (p,), new_owner, new_members))
+                    new_spans = list(spans)
+                    bisect.insort(new_spans, _span(unit, new_members[unit], view.position))
+                    grown.append((score + s, patterns + (p,), new_owner, new_members,
+                                  new_spans))
             unique, seen = [], set()
             for st in sorted(grown, key=lambda st: -st[0]):
                 key = frozenset(st[1])
@@ -270,8 +275,7 @@ class _Explorer:
                     seen.add(key)
                     unique.append(st)
             states = unique[:self.beam]
-        best = states[0]
-        return list(best[1])
+        return list(states[0][1])
 
     # -- 3. remote fusion -------------------------------------------------------
 
@@ -283,6 +287,7 @@ class _Explorer:
         units = list(plan) + [frozenset([n]) for n in self.candidates if n not in covered]
         owner: Dict[str, str] = {}
         members: Dict[str, List[str]] = {}
+        spans: List[Tuple[int, int, str]] = []   # creates_cycle's, kept sorted
         serial = iter(range(1 << 62))
 
         def register(p: Pattern) -> str:
@@ -290,7 +295,18 @@ class _Explorer:
             for n in p:
                 owner[n] = unit
             members[unit] = sorted(p, key=view.position.get)
+            bisect.insort(spans, _span(unit, members[unit], view.position))
             return unit
+
+        def unregister(unit: str) -> List[str]:
+            nodes = members.pop(unit)
+            del spans[bisect.bisect_left(spans, _span(unit, nodes, view.position))]
+            return nodes
+
+        def restore(unit: str, nodes: List[str]) -> None:
+            members[unit] = nodes
+            owner.update((n, unit) for n in nodes)
+            bisect.insort(spans, _span(unit, nodes, view.position))
 
         def merge(a: str, b: str) -> Optional[str]:
             """The unit of a and b merged, when legal, profitable and acyclic
@@ -302,11 +318,10 @@ class _Explorer:
                 return None
             for n in merged:  # the merged set is the one unit being checked
                 owner.pop(n)
-            saved = members.pop(a), members.pop(b)
-            if creates_cycle(view, set(merged), owner, members, view.position):
-                members[a], members[b] = saved
-                owner.update((n, a) for n in pa)
-                owner.update((n, b) for n in pb)
+            saved = unregister(a), unregister(b)
+            if creates_cycle(view, set(merged), owner, members, view.position, spans=spans):
+                restore(a, saved[0])
+                restore(b, saved[1])
                 return None
             return register(merged)
 
@@ -353,6 +368,11 @@ class _Explorer:
         trace time or is not legal alone: only kernels with equal keys are
         tried for packing."""
         return self._space.get(p) if self.evaluate(p) is not None else None
+
+
+def _span(unit: str, nodes: List[str], position: Dict[str, int]) -> Tuple[int, int, str]:
+    """A unit's entry in creates_cycle's `spans` (nodes in topological order)."""
+    return position[nodes[0]], position[nodes[-1]], unit
 
 
 def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],

@@ -49,6 +49,9 @@ REDUCE = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"
 SHAPE_ONLY = ("reshape", "broadcast_to")
 CONSTANT = ("const",)
 PRIMITIVES = UNARY + BINARY + TERNARY + REDUCE + SHAPE_ONLY + CONSTANT
+# Inputs each primitive takes.
+_ARITY = {**{p: 1 for p in UNARY + REDUCE + SHAPE_ONLY}, **{p: 2 for p in BINARY},
+          **{p: 3 for p in TERNARY}, "const": 0}
 
 # Expensive elementwise ops (PAPERS.md op classes): worth buffering rather than
 # recomputing when a value is needed after a reduction.
@@ -270,8 +273,7 @@ def reduced_axes(op: Op, rank: int) -> tuple:
 
 def infer_type(op: Op, ins: Sequence[TensorType]) -> TensorType:
     """Result type of `op` given its input types; raises SpecError if illegal."""
-    arity = {**{p: 1 for p in UNARY}, **{p: 2 for p in BINARY}, **{p: 3 for p in TERNARY},
-             **{p: 1 for p in REDUCE}, **{p: 1 for p in SHAPE_ONLY}, "const": 0}[op.prim]
+    arity = _ARITY[op.prim]
     _expect(len(ins) == arity, f"op {op.name}: {op.prim} takes {arity} inputs, got {len(ins)}")
     p = op.prim
     allowed = {"axes", "keep_dims", "shape", "value"}
