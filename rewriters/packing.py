@@ -28,8 +28,10 @@ graph walk.
 
 A lone op that stays with TensorFlow when alone (one primitive: no fusion
 to gain) is a unit too, but only joins a pack that holds a fused kernel (a
-pack of lone ops only costs more per call than TF's own small ops), and not
-when it reads a matmul's or convolution's result (TF fuses it into that).
+pack of lone ops only costs more per call than TF's own small ops) or lone
+elementwise ops that read the same tensors (siblings: one loop reads them
+once, codegen/pack.py), and not when it reads a matmul's or convolution's
+result (TF fuses it into that).
 """
 
 from __future__ import annotations
@@ -101,8 +103,11 @@ def pack_clusters(view: GraphView, groups: List[List[str]],
         recent.append(joined)
 
     # A pack of lone ops only would replace cheap TF ops by a launch of ours,
-    # which costs more per call on small tensors: those stay apart.
-    packs = [us for us in members.values() if len(us) > 1 and not all(single[u] for u in us)]
+    # which costs more per call on small tensors: those stay apart, unless
+    # they are siblings (codegen/pack.py runs them as one loop over inputs
+    # read once: traffic saved, as fusion saves it).
+    packs = [us for us in members.values() if len(us) > 1 and
+             (not all(single[u] for u in us) or _siblings(view, [units[u] for u in us]))]
     packed = {n for us in packs for u in us for n in units[u]}
     out = [g for g in groups if not set(g) & packed]
     for us in packs:
@@ -167,6 +172,19 @@ def _unit_graph(view: GraphView, groups: List[List[str]], units: List[List[str]]
     keys = [node_of[g[0]] for g in units]
     return ([below[a] for a in keys], [earliest[a] for a in keys],
             [longest - height[a] for a in keys])
+
+
+def _siblings(view: GraphView, groups: List[List[str]]) -> bool:
+    """Whether lone elementwise ops all read the same tensors (constants aside)."""
+    reads = []
+    for group in groups:
+        ops = [n for n in group if op_table.is_memory_intensive(view.nodes[n].op)]
+        rule = op_table.OP_TABLE.get(view.nodes[ops[0]].op) if len(ops) == 1 else None
+        if rule is None or rule.kind != op_table.ELEMENTWISE:
+            return False
+        reads.append({t for t in view.data_inputs[ops[0]]
+                      if view.nodes[t[0]].op != "Const"})
+    return bool(reads[0]) and all(r == reads[0] for r in reads[1:])
 
 
 def _launches(view: GraphView, nodes: List[str]) -> int:

@@ -128,3 +128,46 @@ def test_constants_do_not_join_parts_and_are_written_once():
     np.testing.assert_array_equal(a, x * np.float32(0.5))
     np.testing.assert_array_equal(b, y + np.float32(0.5))
     assert k == np.float32(0.5)
+
+
+def _siblings():
+    """Two elementwise parts over the same inputs (x - y; 2 x y) and one
+    over x alone (|x|)."""
+    f = T("float32", (N, 16))
+    return ir.Cluster((("x", f), ("y", f)),
+                      (op("d", "sub", ["x", "y"], f),
+                       op("two", "const", [], T("float32", ()), value=2.0),
+                       op("m", "mul", ["y", "x"], f),
+                       op("m2", "mul", ["m", "two"], f),
+                       op("a", "abs", ["x"], f)),
+                      ("d", "m2", "a"))
+
+
+def test_elementwise_parts_that_read_the_same_inputs_run_as_one_loop():
+    from tf_fusionstitch.codegen.pack import join_siblings
+    cluster = _siblings()
+    parts = join_siblings(cluster, ir.connected_parts(cluster))
+    assert [p.outputs for p in parts] == [(0, 1), (2,)]
+    assert [p.inputs for p in parts] == [(0, 1), (0,)]
+    # y's rows broadcast at run time: both siblings' spaces are x's rows.
+    for y_rows in (37, 1):
+        x = RNG.standard_normal((37, 16), dtype=np.float32)
+        y = RNG.standard_normal((y_rows, 16), dtype=np.float32)
+        (d, m2, a), kernel = run(cluster, [x, y], threads=2)
+        np.testing.assert_array_equal(d, x - y)
+        np.testing.assert_array_equal(m2, (y * x) * np.float32(2))
+        np.testing.assert_array_equal(a, np.abs(x))
+        assert kernel.parts == 2
+
+
+def test_parts_with_a_reduction_or_other_inputs_stay_apart():
+    from tf_fusionstitch.codegen.pack import join_siblings
+    f, row = T("float32", (N, 16)), T("float32", (N, 1))
+    cluster = ir.Cluster((("x", f), ("y", f)),
+                         (op("d", "sub", ["x", "y"], f),
+                          op("s", "reduce_sum", ["x"], row, axes=[1], keep_dims=True),
+                          op("t", "add", ["s", "y"], f),
+                          op("e", "exp", ["y"], f)),
+                         ("d", "t", "e"))
+    parts = ir.connected_parts(cluster)
+    assert len(join_siblings(cluster, parts)) == len(parts) == 3

@@ -180,6 +180,22 @@ class PackingTest(tf.test.TestCase):
         lone = self._check(tf.function(lambda x, y: (tf.tanh(x), tf.exp(y))), *args[:2])
         self.assertEmpty(fusion_stitch_nodes(lone.graph_def))
 
+    def test_lone_siblings_share_one_loop(self):
+        # Two lone ops over the same tensors (an attention's q - k and q * k)
+        # run as one loop that reads them once, also where a batch broadcasts.
+        @tf.function(input_signature=[tf.TensorSpec([None, 8]), tf.TensorSpec([None, 8])])
+        def f(q, k):
+            return q - k, k * q
+
+        gen = rng(8)
+        for rows_k in (5, 1):
+            opt = self._check(f, random(gen, (5, 8), "float32"),
+                              random(gen, (rows_k, 8), "float32"))
+            (kernel,) = opt.report().fused_clusters
+            self.assertEqual(sorted(t for _, t in kernel.tf_ops if t != "Identity"),
+                             ["Mul", "Sub"])
+            self.assertEqual(kernel.parts, 1)
+
     def test_pack_is_an_option_of_stitch_only(self):
         f = tf.function(lambda x: tf.tanh(x) * 2.0)
         with self.assertRaisesRegex(ValueError, "pack applies only to fusion='stitch'"):

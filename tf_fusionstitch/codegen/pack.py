@@ -37,7 +37,7 @@ MIN_CHUNK_COST = 20000
 
 def generate_packed_cpp(cluster: ir.Cluster, parts: List[ir.Part]):
     """C++ source of a packed kernel and its parts' schedules."""
-    parts, schedules = schedulable_parts(cluster, parts)
+    parts, schedules = schedulable_parts(cluster, join_siblings(cluster, parts))
     kernels = [kernel_ir.lower(s, kernel_ir.cpu_lanes(s)) for s in schedules]
     target = printer.CPP
     pieces = [printer.headers(target)]
@@ -88,6 +88,45 @@ def schedulable_parts(cluster: ir.Cluster, parts: List[ir.Part]):
             break
         else:
             raise reason
+
+
+# Primitives that keep their operands' broadcast shape.
+_ELEMENTWISE = frozenset(ir.UNARY + ir.BINARY + ir.TERNARY + ir.CONSTANT)
+
+
+def join_siblings(cluster: ir.Cluster, parts: List[ir.Part]) -> List[ir.Part]:
+    """Sibling fusion: elementwise parts that read the same inputs become
+    one part, whose loop reads those inputs once. Their iteration spaces are
+    the broadcast of the same tensors, so they agree at run time even where
+    a size is unknown here. A part with a reduction or a reshape that
+    changes the shape is left apart (its space is not its inputs'), and so
+    is a pair the schedule refuses as one."""
+    out: List[ir.Part] = []
+    for part in parts:
+        for i, other in enumerate(out):
+            if part.inputs and set(other.inputs) == set(part.inputs) \
+                    and _elementwise(other) and _elementwise(part):
+                joined = _join(cluster, other, part)
+                try:
+                    build_schedule(joined.cluster)
+                except UnsupportedCluster:
+                    continue
+                out[i] = joined
+                break
+        else:
+            out.append(part)
+    return out
+
+
+def _elementwise(part: ir.Part) -> bool:
+    """Only elementwise ops, and reshapes that keep the shape (an Identity
+    lowers to one): with at most one size unknown, the same shape is the
+    same layout."""
+    types = part.cluster.types()
+    return all(op.prim in _ELEMENTWISE or op.prim == "reshape"
+               and types[op.inputs[0]].shape == op.type.shape
+               and sum(d is None for d in op.type.shape) <= 1
+               for op in part.cluster.ops)
 
 
 def _join(cluster: ir.Cluster, a: ir.Part, b: ir.Part) -> ir.Part:
