@@ -230,6 +230,10 @@ class OptimizedVersionsTest(tf.test.TestCase):
         traces = len(opt.reports())
         quiet_call(opt, x, y)
         self.assertLen(opt.reports(), traces)
+        # Another version traced since: prepare still answers with this one's.
+        opt.get_concrete_function(x, y)
+        self.assertEqual(opt.report().assumed_equal, [])
+        self.assertIs(opt.prepare(x, y), report)
 
     def test_the_assumptions_come_back_from_the_rewrite_cache(self):
         directory = tempfile.mkdtemp(prefix="tf_fusionstitch-versions-")

@@ -6,7 +6,9 @@ fusion pass on its GraphDef, and imports the result into the new function's
 graph with the original arguments and captured variables mapped in. Variables
 are mapped by handle, so reads see later assignments and assignments still
 happen in their original order (the GraphDef keeps its control edges).
-Python runs only at trace time; each call runs one TensorFlow function.
+Python runs only at trace time, except for a look at the arguments' sizes
+where a version of the function assumes some of them equal (versions.py);
+each call runs one TensorFlow function.
 """
 
 from __future__ import annotations
@@ -103,17 +105,19 @@ class OptimizedFunction:
         input sizes, so it is right for any arguments its signature takes."""
         return self._versions.generic.fn.get_concrete_function(*args, **kwargs)
 
-    def prepare(self, *args, **kwargs) -> Report:
+    def prepare(self, *args, **kwargs) -> Optional[Report]:
         """Traces (rewrites) the version a call with these arguments would run,
-        without running it, and returns that trace's report."""
+        without running it, and returns the report of its latest trace (None
+        if that trace could not be rewritten and runs the original)."""
         if not self._options["specialize"]:
-            self._versions.generic.fn.get_concrete_function(*args, **kwargs)
-            return self.report()
+            version = self._versions.generic
+            version.fn.get_concrete_function(*args, **kwargs)
+            return version.report
         sizes = self._call_sizes(args, kwargs)
         version = self._versions.ready() or self._versions.pick(sizes)
         version.fn.get_concrete_function(*args, **kwargs)
         self._versions.settle(version, sizes)
-        return self.report()
+        return version.report
 
     @property
     def graph_def(self):
@@ -226,6 +230,7 @@ class OptimizedFunction:
         rewritten, output_names, report = self._rewrite(concrete, inputs)
         self._versions.traced(version, inputs.leaf_pairs(report.assumed_equal),
                               inputs.leaf_pairs(report.equal_sizes_wanted))
+        version.report = report
         with self._lock:
             self._reports.append(report)
             self._graph_def = rewritten

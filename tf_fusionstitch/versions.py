@@ -72,6 +72,7 @@ class Version:
         self._first_sizes = list(first_sizes)
         self.fn: Optional[Callable] = None
         self.key: Optional[FrozenSet[LeafPair]] = None   # set once registered
+        self.report = None                                # its latest trace's (api.Report)
 
     def equal_classes(self, dims: Sequence[LeafDim]) -> List[List[LeafDim]]:
         """`dims` grouped into classes a trace may take as equal (classes of
