@@ -1,6 +1,7 @@
 """Shape decisions TF leaves to runtime with a dynamic batch, settled at rewrite
 time where dim_origins.py proves them: gradient reductions, the reshapes
-back to an operand's shape, and shape arithmetic.
+back to an operand's shape, shape arithmetic, and sizes TF's shape
+inference leaves unknown that are static (static_sizes).
 
 The gradient of a broadcasting op (Add, Mul, BatchMatMul, ...) sums the
 incoming gradient over the axes an operand was broadcast along:
@@ -73,7 +74,33 @@ def fold(graph_def, types: Dict[Tensor, Optional[ir.TensorType]], fetches: Set[T
     equal = _assumed_equalities(graph_def, types, fetches, inputs) if inputs else set()
     graph_def, types, _ = fold_broadcast_gradients(graph_def, types, fetches, equal)
     graph_def, types, _ = fold_reshapes(graph_def, types, fetches, equal)
+    types, _ = static_sizes(graph_def, types, fetches, equal)
     return graph_def, types
+
+
+def static_sizes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
+                 fetches: Set[Tensor], equal_inputs: Set[InputPair] = frozenset()):
+    """(types, number of tensors refined): sizes TF's shape inference left
+    unknown that dim_origins derives as static (a weight gradient's rows
+    through a tensordot's reshapes: a matrix product's output size is its
+    operand's). A fused kernel then gets static extents, which its shape
+    function checks on every call."""
+    view = GraphView(graph_def, types)
+    origins = DimOrigins(view, fetches, equal_inputs)
+    refined = dict(types)
+    count = 0
+    for t, tt in types.items():
+        if tt is None or None not in tt.shape:
+            continue
+        dims = origins.dims(t)
+        if dims is None or len(dims) != tt.rank:
+            continue
+        shape = tuple(d if d is not None or not isinstance(o, int) else o
+                      for d, o in zip(tt.shape, dims))
+        if shape != tt.shape:
+            refined[t] = ir.TensorType(tt.dtype, shape)
+            count += 1
+    return refined, count
 
 
 def _assumed_equalities(graph_def, types, fetches: Set[Tensor],

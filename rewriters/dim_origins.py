@@ -42,6 +42,10 @@ Dim = Union[int, Tuple]
 _REDUCTIONS = ("Sum", "Mean", "Max", "Min", "Prod", "All", "Any")
 _BATCH_MATMULS = ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
 _PASS_VALUE = ("Identity", "Cast", "StopGradient")
+# Ops whose operands after the first are vectors along the input's channel axis
+# (its last, or 1 where data_format is NC...).
+_CHANNEL_OPS = ("BiasAdd", "BiasAddV1", "FusedBatchNorm", "FusedBatchNormV2",
+                "FusedBatchNormV3")
 # Int vectors longer than this are not shapes; they are not tracked.
 _MAX_VECTOR = 16
 
@@ -256,6 +260,17 @@ def _dims_rule(origins: DimOrigins, node, inputs, port: int, rank: int):
     if op == "Tile":
         multiples = origins.value(inputs[1])
         return [_size(*monomial([d, m])) for d, m in zip(dims[0], multiples)]
+    if op in _CHANNEL_OPS:   # per-channel parameters run along the channel axis only
+        if port != 0:
+            return None
+        x = list(dims[0])
+        channel = 1 if node.attr["data_format"].s.startswith(b"NC") else len(x) - 1
+        for param in dims[1:]:
+            origins.unify(x[channel], param[0])   # TF requires the sizes equal
+            x[channel] = _combine([x[channel], param[0]])
+        return x
+    if op == "Select" and len(dims[0]) == 1 < len(dims[1]):   # a vector picks rows
+        return _broadcast(dims[1:], rank)
     rule = op_table.OP_TABLE.get(op)
     if rule is not None and rule.kind in (op_table.ELEMENTWISE, op_table.COMPOSITE) \
             and port == 0 and all(d is not None for d in dims):

@@ -1,6 +1,7 @@
 """Gradient reductions decided at rewrite time (rewriters/decided_shapes.py,
 rewriters/dim_origins.py): the axes, the proofs of equal dynamic dimensions,
-and optimized gradients against TF's where the batch is dynamic."""
+static sizes TF's shape inference misses, and optimized gradients against
+TF's where the batch is dynamic."""
 
 import tensorflow as tf
 
@@ -120,11 +121,71 @@ class DimOriginsTest(tf.test.TestCase):
         self.assertEqual(row, [x[1]])
         self.assertEqual(reversed_, x)
 
+    def test_a_bias_runs_along_the_channel_axis_and_a_select_vector_along_rows(self):
+        def f(x, bias, cond, a, b):
+            return (tf.nn.bias_add(x, bias, data_format="NCHW"), tf.nn.bias_add(x, bias),
+                    tf.raw_ops.Select(condition=cond, x=a, y=b))
+
+        origins, concrete = self._origins(
+            f, tf.TensorSpec([None, None, 16, None]), tf.TensorSpec([7]),
+            tf.TensorSpec([None], tf.bool), tf.TensorSpec([None, 3]), tf.TensorSpec([None, 3]))
+        x = origins.dims((concrete.graph.inputs[0].op.name, 0))
+        nchw, nhwc, picked = (origins.dims((t.op.name, 0)) for t in concrete.outputs)
+        self.assertEqual(nchw, [x[0], 7, 16, x[3]])
+        self.assertEqual(nhwc, [x[0], x[1], 16, 7])
+        self.assertLen(picked, 2)
+        self.assertEqual(picked[1], 3)
+
+    def test_batchnorm_parameters_run_along_the_channel_axis(self):
+        def f(x, scale, offset):
+            y, *_ = tf.raw_ops.FusedBatchNormV3(
+                x=x, scale=scale, offset=offset, mean=tf.zeros([5]), variance=tf.ones([5]),
+                is_training=False, data_format="NCHW")
+            return y
+
+        origins, concrete = self._origins(f, tf.TensorSpec([None, None, 6, None]),
+                                          tf.TensorSpec([5]), tf.TensorSpec([5]))
+        x = origins.dims((concrete.graph.inputs[0].op.name, 0))
+        (y,) = (origins.dims((t.op.name, 0)) for t in concrete.outputs)
+        self.assertEqual(y, [x[0], 5, 6, x[3]])
+
     def test_independent_inputs_have_different_origins(self):
         origins, concrete = self._origins(lambda a, b: a + b, tf.TensorSpec([None, 4]),
                                           tf.TensorSpec([None, 4]))
         a, b = concrete.graph.inputs[:2]
         self.assertNotEqual(origins.dims((a.op.name, 0))[0], origins.dims((b.op.name, 0))[0])
+
+
+class StaticSizesTest(tf.test.TestCase):
+
+    def test_a_tensordot_weight_gradient_gets_its_static_rows(self):
+        # TF's shape inference loses the contracted size through tensordot's
+        # computed reshapes: the weight gradient is (?, 5), yet a matrix
+        # product's output rows are its operand's columns, here 8.
+        w = tf.Variable(random(rng(80), (8, 5), "float32"))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 6, 8])])
+        def grads(x):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.tanh(tf.tensordot(x, w, axes=1)))
+            return tape.gradient(loss, w)
+
+        concrete = grads.get_concrete_function()
+        graph = concrete.graph
+        outputs = [t.name for t in concrete.outputs]
+        graph_def = grappler.run_grappler(graph.as_graph_def(), graph, outputs)
+        types = shapes.infer_types(graph_def, {t.name: tf.TensorSpec(t.shape, t.dtype)
+                                               for op in graph.get_operations()
+                                               for t in op.outputs})
+        fetches = {(name.split(":")[0], 0) for name in outputs}
+        (dw,) = [(n.name, 0) for n in graph_def.node if n.op == "MatMul" and "gradient" in n.name]
+        self.assertEqual(types[dw].shape, (None, 5))
+        _, folded = decided_shapes.fold(graph_def, types, fetches)
+        self.assertEqual(folded[dw].shape, (8, 5))
+        opt = fs.optimize(grads)
+        for batch in (1, 4):
+            x = random(rng(81 + batch), (batch, 6, 8), "float32")
+            self.assertAllClose(grads(x), quiet_call(opt, x), rtol=1e-5, atol=1e-5)
 
 
 class InputEqualitiesTest(tf.test.TestCase):
