@@ -27,6 +27,16 @@ def _computed_reshapes(graph_def):
             if n.op == "Reshape" and producers[n.input[1].split(":")[0]] != "Const"]
 
 
+def _prepared(concrete):
+    """(GraphDef after Grappler, types, fetches) of a concrete function, as the pass gets them."""
+    graph = concrete.graph
+    outputs = [t.name for t in concrete.outputs]
+    graph_def = grappler.run_grappler(graph.as_graph_def(), graph, outputs)
+    types = shapes.infer_types(graph_def, {t.name: tf.TensorSpec(t.shape, t.dtype)
+                                           for op in graph.get_operations() for t in op.outputs})
+    return graph_def, types, {(name.split(":")[0], 0) for name in outputs}
+
+
 class SummedAxesTest(tf.test.TestCase):
 
     def test_static_sizes_decide_as_tf_does(self):
@@ -170,14 +180,7 @@ class StaticSizesTest(tf.test.TestCase):
                 loss = tf.reduce_sum(tf.tanh(tf.tensordot(x, w, axes=1)))
             return tape.gradient(loss, w)
 
-        concrete = grads.get_concrete_function()
-        graph = concrete.graph
-        outputs = [t.name for t in concrete.outputs]
-        graph_def = grappler.run_grappler(graph.as_graph_def(), graph, outputs)
-        types = shapes.infer_types(graph_def, {t.name: tf.TensorSpec(t.shape, t.dtype)
-                                               for op in graph.get_operations()
-                                               for t in op.outputs})
-        fetches = {(name.split(":")[0], 0) for name in outputs}
+        graph_def, types, fetches = _prepared(grads.get_concrete_function())
         (dw,) = [(n.name, 0) for n in graph_def.node if n.op == "MatMul" and "gradient" in n.name]
         self.assertEqual(types[dw].shape, (None, 5))
         _, folded = decided_shapes.fold(graph_def, types, fetches)
@@ -199,15 +202,9 @@ class InputEqualitiesTest(tf.test.TestCase):
                 loss = tf.reduce_sum(tf.exp(a * 0.5) * b + a) + tf.reduce_sum(c * 2.0)
             return tape.gradient(loss, [a, b, c])
 
-        concrete = grads.get_concrete_function(*[tf.TensorSpec([None, 4])] * 3)
-        graph = concrete.graph
-        outputs = [t.name for t in concrete.outputs]
-        graph_def = grappler.run_grappler(graph.as_graph_def(), graph, outputs)
-        types = shapes.infer_types(graph_def, {t.name: tf.TensorSpec(t.shape, t.dtype)
-                                               for op in graph.get_operations()
-                                               for t in op.outputs})
+        graph_def, types, fetches = _prepared(
+            grads.get_concrete_function(*[tf.TensorSpec([None, 4])] * 3))
         inputs = decided_shapes.InputEqualities(allowed)
-        fetches = {(name.split(":")[0], 0) for name in outputs}
         folded, _ = decided_shapes.fold(graph_def, types, fetches, inputs)
         return graph_def, folded, inputs
 

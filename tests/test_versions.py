@@ -120,12 +120,17 @@ class VersionsTest(tf.test.TestCase):
 
 class OptimizedVersionsTest(tf.test.TestCase):
 
+    def _matches(self, reference, optimized, *args):
+        """The optimized call's results have TF's shapes and values."""
+        for r, o in zip(reference(*args), quiet_call(optimized, *args)):
+            self.assertEqual(r.shape, o.shape)
+            self.assertAllClose(r, o, rtol=1e-5, atol=1e-5)
+
     def test_equal_batches_fuse_the_gradient_sums_and_other_calls_stay_right(self):
         grads = _make_grads()
         opt = fs.optimize(grads, rewrite_cache=False)
         x, y = _inputs(1, 3, 3)
-        for r, o in zip(grads(x, y), quiet_call(opt, x, y)):
-            self.assertAllClose(r, o, rtol=1e-5, atol=1e-5)
+        self._matches(grads, opt, x, y)
         specialized = opt.report()
         self.assertEqual(specialized.assumed_equal, [("x", 0, "y", 0)])
         self.assertIn("assumes equal sizes", str(specialized))
@@ -133,12 +138,7 @@ class OptimizedVersionsTest(tf.test.TestCase):
         self.assertEmpty(_bga_sums(opt.graph_def))
         # Batches TF lets broadcast: a version that assumes nothing.
         for seed, rows_x, rows_y in ((2, 1, 3), (3, 3, 1)):
-            x, y = _inputs(seed, rows_x, rows_y)
-            expected = grads(x, y)
-            actual = quiet_call(opt, x, y)
-            for r, o in zip(expected, actual):
-                self.assertEqual(r.shape, o.shape)
-                self.assertAllClose(r, o, rtol=1e-5, atol=1e-5)
+            self._matches(grads, opt, *_inputs(seed, rows_x, rows_y))
         generic = opt.report()
         self.assertEqual(generic.assumed_equal, [])
         self.assertNotEmpty(_bga_sums(opt.graph_def))
@@ -146,20 +146,17 @@ class OptimizedVersionsTest(tf.test.TestCase):
         # Equal batches again, of another size: the first version, no new trace.
         traces = len(opt.reports())
         x, y = _inputs(4, 5, 5)
-        for r, o in zip(grads(x, y), quiet_call(opt, x, y)):
-            self.assertAllClose(r, o, rtol=1e-5, atol=1e-5)
+        self._matches(grads, opt, x, y)
         self.assertLen(opt.reports(), traces)
 
     def test_a_first_call_with_unequal_batches_still_specializes_later(self):
         grads = _make_grads()
         opt = fs.optimize(grads, rewrite_cache=False)
         x, y = _inputs(5, 1, 4)
-        for r, o in zip(grads(x, y), quiet_call(opt, x, y)):
-            self.assertAllClose(r, o, rtol=1e-5, atol=1e-5)
+        self._matches(grads, opt, x, y)
         self.assertEqual(opt.report().equal_sizes_wanted, [("x", 0, "y", 0)])
         x, y = _inputs(6, 4, 4)
-        for r, o in zip(grads(x, y), quiet_call(opt, x, y)):
-            self.assertAllClose(r, o, rtol=1e-5, atol=1e-5)
+        self._matches(grads, opt, x, y)
         self.assertEqual(opt.report().assumed_equal, [("x", 0, "y", 0)])
 
     def test_concrete_functions_and_calls_from_graphs_assume_nothing(self):
@@ -170,15 +167,13 @@ class OptimizedVersionsTest(tf.test.TestCase):
         concrete = opt.get_concrete_function(x, y)
         self.assertNotEmpty(_bga_sums(opt.graph_def))
         x1, y1 = _inputs(8, 1, 3)
-        for r, o in zip(grads(x1, y1), concrete(x1, y1)):
-            self.assertAllClose(r, o, rtol=1e-5, atol=1e-5)
+        self._matches(grads, concrete, x1, y1)
 
         @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None, 4])])
         def outer(a, b):
             return opt(a, b)   # sizes unknown at trace time: nothing to check them by
 
-        for r, o in zip(grads(x1, y1), quiet_call(outer, x1, y1)):
-            self.assertAllClose(r, o, rtol=1e-5, atol=1e-5)
+        self._matches(grads, outer, x1, y1)
         self.assertEqual(opt.report().assumed_equal, [])
 
     def test_numpy_and_nested_list_arguments_are_checked_as_tf_converts_them(self):
@@ -205,9 +200,7 @@ class OptimizedVersionsTest(tf.test.TestCase):
         opt = fs.optimize(grads, rewrite_cache=False)
         for seed, rows_x, rows_y in ((15, 3, 3), (16, 1, 3)):
             x, y = _inputs(seed, rows_x, rows_y)
-            for r, o in zip(grads(x, y), quiet_call(opt, x, y)):
-                self.assertEqual(r.shape, o.shape)
-                self.assertAllClose(r, o, rtol=1e-5, atol=1e-5)
+            self._matches(grads, opt, x, y)
         first, second = opt.reports()
         self.assertLen(first.assumed_equal, 1)
         self.assertEqual(second.assumed_equal, [])
@@ -216,8 +209,7 @@ class OptimizedVersionsTest(tf.test.TestCase):
         grads = _make_grads()
         opt = fs.optimize(grads, specialize=False, rewrite_cache=False)
         x, y = _inputs(9, 3, 3)
-        for r, o in zip(grads(x, y), quiet_call(opt, x, y)):
-            self.assertAllClose(r, o, rtol=1e-5, atol=1e-5)
+        self._matches(grads, opt, x, y)
         self.assertEqual(opt.report().assumed_equal, [])
         self.assertEqual(opt.report().equal_sizes_wanted, [("x", 0, "y", 0)])
 
@@ -249,9 +241,7 @@ class OptimizedVersionsTest(tf.test.TestCase):
             # The version the cache restored is guarded: unequal batches do not run it.
             grads = _make_grads()
             x1, y1 = _inputs(12, 1, 3)
-            for r, o in zip(grads(x1, y1), quiet_call(warm, x1, y1)):
-                self.assertEqual(r.shape, o.shape)
-                self.assertAllClose(r, o, rtol=1e-5, atol=1e-5)
+            self._matches(grads, warm, x1, y1)
 
 
 if __name__ == "__main__":
