@@ -173,16 +173,27 @@ class OptimizedFunction:
             trace, input_signature=self._original.input_signature, autograph=False,
             reduce_retracing=bool(getattr(self._original, "_reduce_retracing", False)))
 
-    def _leaves(self, args, kwargs) -> list:
-        """The arguments flattened as a trace flattens them (tensors there)."""
+    def _arguments(self, args, kwargs) -> list:
+        """The arguments in parameter order, defaults filled in and *args
+        spread (so an input signature's specs line up with the first ones);
+        raises TypeError where they do not bind."""
         if self._python_fn is None:
             return list(args)
+        parameters = inspect.signature(self._python_fn)
+        bound = parameters.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = []
+        for name, value in bound.arguments.items():
+            spread = parameters.parameters[name].kind == inspect.Parameter.VAR_POSITIONAL
+            values.extend(value if spread else [value])
+        return values
+
+    def _leaves(self, args, kwargs) -> list:
+        """The arguments flattened as a trace flattens them (tensors there)."""
         try:
-            bound = inspect.signature(self._python_fn).bind(*args, **kwargs)
+            return tf.nest.flatten(self._arguments(args, kwargs), expand_composites=True)
         except TypeError:
             return []   # the call itself will raise TF's error
-        bound.apply_defaults()
-        return tf.nest.flatten(list(bound.arguments.values()), expand_composites=True)
 
     def _call_sizes(self, args, kwargs):
         """The call's sizes per traced leaf (versions.py). With an input
@@ -194,14 +205,7 @@ class OptimizedFunction:
             leaves = self._leaves(args, kwargs)
         else:
             try:
-                parameters = inspect.signature(self._python_fn)
-                bound = parameters.bind(*args, **kwargs)
-                bound.apply_defaults()
-                # The signature's specs stand for the positional arguments, *args spread.
-                values = []
-                for name, value in bound.arguments.items():
-                    spread = parameters.parameters[name].kind == inspect.Parameter.VAR_POSITIONAL
-                    values.extend(value if spread else [value])
+                values = self._arguments(args, kwargs)
                 leaves = _flatten_like(list(signature), values[:len(signature)])
                 leaves += tf.nest.flatten(values[len(signature):], expand_composites=True)
             except (TypeError, ValueError):
