@@ -248,34 +248,40 @@ class _Explorer:
             options = [(s, p) for s, p in cands.get(v, []) if len(p) > 1 and s > 0]
             if not options:
                 continue
+            # Every state alone and grown by each option that fits, best first;
+            # the cycle check (the costly part) runs only until the beam is full.
             grown = []
-            for score, patterns, owner, members, spans in states:
-                grown.append((score, patterns, owner, members, spans))
-                if v in owner:
-                    continue
-                for s, p in options:
-                    if any(n in owner for n in p):
-                        continue
-                    if creates_cycle(view, set(p), owner, members, view.position,
-                                     spans=spans):
-                        continue
-                    unit = f"pattern{len(patterns)}"
-                    new_owner = dict(owner)
-                    new_owner.update((n, unit) for n in p)
-                    new_members = dict(members)
-                    new_members[unit] = sorted(p, key=view.position.get)
-                    new_spans = list(spans)
-                    bisect.insort(new_spans, _span(unit, new_members[unit], view.position))
-                    grown.append((score + s, patterns + (p,), new_owner, new_members,
-                                  new_spans))
+            for state in states:
+                grown.append((state[0], state, None))
+                if v not in state[2]:
+                    grown += [(state[0] + s, state, p) for s, p in options
+                              if not any(n in state[2] for n in p)]
             unique, seen = [], set()
-            for st in sorted(grown, key=lambda st: -st[0]):
-                key = frozenset(st[1])
-                if key not in seen:
-                    seen.add(key)
-                    unique.append(st)
-            states = unique[:self.beam]
+            for total, state, p in sorted(grown, key=lambda g: -g[0]):
+                if len(unique) == self.beam:
+                    break
+                _, patterns, owner, members, spans = state
+                key = frozenset(patterns + ((p,) if p is not None else ()))
+                if key in seen or p is not None and creates_cycle(
+                        view, set(p), owner, members, view.position, spans=spans):
+                    continue
+                seen.add(key)
+                unique.append(state if p is None else self._grown(state, p, total))
+            states = unique
         return list(states[0][1])
+
+    def _grown(self, state, p: Pattern, score: float):
+        """`state` with pattern `p` added (its own copies of the plan)."""
+        _, patterns, owner, members, spans = state
+        position = self.view.position
+        unit = f"pattern{len(patterns)}"
+        new_owner = dict(owner)
+        new_owner.update((n, unit) for n in p)
+        new_members = dict(members)
+        new_members[unit] = sorted(p, key=position.get)
+        new_spans = list(spans)
+        bisect.insort(new_spans, _span(unit, new_members[unit], position))
+        return score, patterns + (p,), new_owner, new_members, new_spans
 
     # -- 3. remote fusion -------------------------------------------------------
 
