@@ -175,7 +175,8 @@ def _unit_graph(view: GraphView, groups: List[List[str]], units: List[List[str]]
 
 
 def _siblings(view: GraphView, groups: List[List[str]]) -> bool:
-    """Whether lone elementwise ops all read the same tensors (constants aside)."""
+    """Whether lone elementwise ops all read the same tensors (scalar
+    constants aside: lowering inlines them, so they are no kernel input)."""
     reads = []
     for group in groups:
         ops = [n for n in group if op_table.is_memory_intensive(view.nodes[n].op)]
@@ -183,8 +184,13 @@ def _siblings(view: GraphView, groups: List[List[str]]) -> bool:
         if rule is None or rule.kind != op_table.ELEMENTWISE:
             return False
         reads.append({t for t in view.data_inputs[ops[0]]
-                      if view.nodes[t[0]].op != "Const"})
+                      if not (view.nodes[t[0]].op == "Const" and _is_scalar(view, t))})
     return bool(reads[0]) and all(r == reads[0] for r in reads[1:])
+
+
+def _is_scalar(view: GraphView, t: Tensor) -> bool:
+    tt = view.type_of(t)
+    return tt is not None and tt.rank == 0
 
 
 def _launches(view: GraphView, nodes: List[str]) -> int:

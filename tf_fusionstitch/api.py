@@ -343,10 +343,10 @@ class _InputSizes:
     """A trace's view of its version: the graph's inputs' unknown sizes,
     named (Placeholder, axis) in the rewrite and (leaf, axis) in versions.py."""
 
-    def __init__(self, placeholders, feed_leaves: List[int], version: Version):
-        self._leaf_of = {t.op.name: leaf for t, leaf in zip(placeholders, feed_leaves)}
+    def __init__(self, graph_inputs, feed_leaves: List[int], version: Version):
+        self._leaf_of = {t.op.name: leaf for t, leaf in zip(graph_inputs, feed_leaves)}
         self._name_of = {leaf: name for name, leaf in self._leaf_of.items()}
-        unknown = [(leaf, axis) for t, leaf in zip(placeholders, feed_leaves)
+        unknown = [(leaf, axis) for t, leaf in zip(graph_inputs, feed_leaves)
                    if t.shape.rank is not None
                    for axis, size in enumerate(t.shape) if size is None]
         # Classes of input sizes (Placeholder, axis) this trace may take as equal.
