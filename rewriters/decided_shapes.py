@@ -45,7 +45,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, types_pb2
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.rewriters.dim_origins import Dim, DimOrigins, InputDim, monomial
+from tf_fusionstitch.rewriters.dim_origins import Dim, DimOrigins, Facts, InputDim, monomial
 from tf_fusionstitch.rewriters.graph_view import (GraphView, Tensor, fresh_name,
                                                   parse_input)
 
@@ -59,34 +59,49 @@ class InputEqualities:
     for a caller that checks them before every call (api.py keeps one
     version of the function per set of them). `allowed(pair)`: whether the
     caller will guarantee the pair. `fold` fills in `wanted`, the pairs that
-    would decide a gradient Sum, and `assumed`, those it relied on; each
-    pair is sorted."""
+    would decide a gradient Sum or that reach a call (a loop) together, and
+    `assumed`, those it relied on; each pair is sorted."""
     allowed: Callable[[InputPair], bool]
     wanted: Set[InputPair] = dataclasses.field(default_factory=set)
     assumed: Set[InputPair] = dataclasses.field(default_factory=set)
 
 
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What a graph's proofs may use beyond its own nodes: facts the caller
+    proves of a function body's arguments, and the analysis of the
+    functions the graph calls (dim_origins.py, call_dims.py)."""
+    arg_facts: Optional[Dict[str, Facts]] = None
+    calls: Optional[object] = None      # call_dims.CallDims
+
+    def origins(self, view: GraphView, fetches: Set[Tensor],
+                equal_inputs: Set["InputPair"] = frozenset()) -> DimOrigins:
+        return DimOrigins(view, fetches, equal_inputs, self.arg_facts, self.calls)
+
+
 def fold(graph_def, types: Dict[Tensor, Optional[ir.TensorType]], fetches: Set[Tensor],
-         inputs: Optional[InputEqualities] = None):
+         inputs: Optional[InputEqualities] = None, context: Context = Context()):
     """(GraphDef, types) with every decision below taken that can be, also
-    those `inputs` lets it take by assuming input sizes equal."""
-    graph_def, types, _ = fold_shape_arithmetic(graph_def, types, fetches)
-    equal = _assumed_equalities(graph_def, types, fetches, inputs) if inputs else set()
-    graph_def, types, _ = fold_broadcast_gradients(graph_def, types, fetches, equal)
-    graph_def, types, _ = fold_reshapes(graph_def, types, fetches, equal)
-    types, _ = static_sizes(graph_def, types, fetches, equal)
+    those `inputs` lets it take by assuming input sizes equal (the pairs it
+    relied on are then in inputs.assumed)."""
+    graph_def, types, _ = fold_shape_arithmetic(graph_def, types, fetches, context)
+    equal = _assumed_equalities(graph_def, types, fetches, inputs, context) if inputs else set()
+    graph_def, types, _ = fold_broadcast_gradients(graph_def, types, fetches, equal, context)
+    graph_def, types, _ = fold_reshapes(graph_def, types, fetches, equal, context)
+    types, _ = static_sizes(graph_def, types, fetches, equal, context)
     return graph_def, types
 
 
 def static_sizes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
-                 fetches: Set[Tensor], equal_inputs: Set[InputPair] = frozenset()):
+                 fetches: Set[Tensor], equal_inputs: Set[InputPair] = frozenset(),
+                 context: Context = Context()):
     """(types, number of tensors refined): sizes TF's shape inference left
     unknown that dim_origins derives as static (a weight gradient's rows
     through a tensordot's reshapes: a matrix product's output size is its
     operand's). A fused kernel then gets static extents, which its shape
     function checks on every call."""
     view = GraphView(graph_def, types)
-    origins = DimOrigins(view, fetches, equal_inputs)
+    origins = context.origins(view, fetches, equal_inputs)
     refined = dict(types)
     count = 0
     for t, tt in types.items():
@@ -104,14 +119,27 @@ def static_sizes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
 
 
 def _assumed_equalities(graph_def, types, fetches: Set[Tensor],
-                        inputs: InputEqualities) -> Set[InputPair]:
+                        inputs: InputEqualities, context: Context) -> Set[InputPair]:
     """The input size pairs that decide a gradient Sum nothing else decides,
-    where `inputs` allows every pair that Sum needs."""
+    where `inputs` allows every pair that Sum needs; and the allowed pairs
+    of input sizes that reach a loop (or another call) together: inside,
+    a loop invariant or a gradient Sum may need them equal, and nothing
+    but the caller's check can tell."""
     view = GraphView(graph_def, types)
     sums = [n for n in graph_def.node if (n.name, 0) not in fetches and _candidate(view, n)]
-    if not sums:
+    calls = context.calls is not None and any(context.calls.handles(n) for n in graph_def.node)
+    if not sums and not calls:
         return set()
-    origins = DimOrigins(view, fetches)
+    origins = context.origins(view, fetches)
+    if calls:
+        reaching = sorted(_input_dims_of_calls(origins, view))
+        # (one input size per class of equal ones: each pair joins two classes)
+        pairs = {(x, y) for i, x in enumerate(reaching) for y in reaching[i + 1:]}
+        inputs.wanted |= pairs
+        allowed = {p for p in pairs if inputs.allowed(p)}
+        if allowed:
+            inputs.assumed |= allowed
+            origins = context.origins(view, fetches, allowed)
     for node in sums:
         this, other = _operand_shapes(view, origins, node)
         if this is None or other is None:
@@ -122,6 +150,20 @@ def _assumed_equalities(graph_def, types, fetches: Set[Tensor],
             if all(inputs.allowed(p) for p in pairs):
                 inputs.assumed |= pairs
     return set(inputs.assumed)
+
+
+def _input_dims_of_calls(origins: DimOrigins, view: GraphView) -> Set[InputDim]:
+    """The function inputs' unknown sizes that some call's arguments carry."""
+    found: Set[InputDim] = set()
+    for node in view.graph_def.node:
+        if not origins._calls.handles(node):
+            continue
+        for t in view.data_inputs[node.name]:
+            facts = origins.facts(t)
+            for field in (facts.dims, facts.value, facts.elem_dims, facts.elem_value):
+                if isinstance(field, tuple):
+                    found.update(d for d in map(origins.input_dim, field) if d is not None)
+    return found
 
 
 def _input_pairs_deciding(origins: DimOrigins, this: List[Dim],
@@ -154,7 +196,8 @@ def _operand_shapes(view: GraphView, origins: DimOrigins, node):
 
 
 def fold_broadcast_gradients(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
-                             fetches: Set[Tensor], equal_inputs: Set[InputPair] = frozenset()):
+                             fetches: Set[Tensor], equal_inputs: Set[InputPair] = frozenset(),
+                             context: Context = Context()):
     """(GraphDef, types, number of Sums whose axes were decided), taking the
     input size pairs `equal_inputs` as equal. Fetched Sums keep TF's
     runtime axes, whose shape the caller sees."""
@@ -163,7 +206,7 @@ def fold_broadcast_gradients(graph_def, types: Dict[Tensor, Optional[ir.TensorTy
             if (n.name, 0) not in fetches and _candidate(view, n)]
     if not sums:
         return graph_def, types, 0
-    origins = DimOrigins(view, fetches, equal_inputs)
+    origins = context.origins(view, fetches, equal_inputs)
     decided: Dict[str, List[int]] = {}
     for node in sums:
         this, other = _operand_shapes(view, origins, node)
@@ -195,7 +238,8 @@ def fold_broadcast_gradients(graph_def, types: Dict[Tensor, Optional[ir.TensorTy
 
 
 def fold_reshapes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
-                  fetches: Set[Tensor], equal_inputs: Set[InputPair] = frozenset()):
+                  fetches: Set[Tensor], equal_inputs: Set[InputPair] = frozenset(),
+                  context: Context = Context()):
     """(GraphDef, types, number of Reshapes decided): Reshapes whose target
     shape is a computed tensor, where dim_origins proves what it is (taking
     the input size pairs `equal_inputs` as equal)."""
@@ -204,7 +248,7 @@ def fold_reshapes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
                 and view.nodes[parse_input(n.input[1])[0]].op != "Const"]
     if not reshapes:
         return graph_def, types, 0
-    origins = DimOrigins(view, fetches, equal_inputs)
+    origins = context.origins(view, fetches, equal_inputs)
     decided: Dict[str, Optional[List[int]]] = {}   # None: an Identity
     for node in reshapes:
         source = origins.dims(parse_input(node.input[0])[:2])
@@ -242,7 +286,7 @@ _SHAPE_ARITHMETIC = ("Prod", "Shape", "StridedSlice", "GatherV2", "Pack", "Conca
 
 
 def fold_shape_arithmetic(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
-                          fetches: Set[Tensor]):
+                          fetches: Set[Tensor], context: Context = Context()):
     """(GraphDef, types, number of nodes made constants): shape computations
     over static sizes of tensors whose other sizes are dynamic (the product
     of a dense layer's contracted sizes), which Grappler cannot fold."""
@@ -251,7 +295,7 @@ def fold_shape_arithmetic(graph_def, types: Dict[Tensor, Optional[ir.TensorType]
              and (n.name, 0) not in fetches and view.num_outputs[n.name] == 1]
     if not nodes:
         return graph_def, types, 0
-    origins = DimOrigins(view, fetches)
+    origins = context.origins(view, fetches)
     constants = {}
     for node in nodes:
         t = view.type_of((node.name, 0))

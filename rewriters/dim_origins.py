@@ -8,7 +8,8 @@ dimension is, by the op's definition, one of their input dimensions:
 elementwise ops (an operand whose dimension is a static 1 broadcasts, the
 others must agree), reductions and transposes (the kept or permuted axes),
 matrix products and einsums (the labels that survive), gathers, strided
-slices (the axes taken whole), concatenations and stacks, and reshapes
+slices (the axes taken whole), splits and unstacks (the axes not split),
+concatenations and stacks, and reshapes
 whose target shape is built from `Shape` of other tensors (TF's gradients
 build every reshape back to an input's shape that way) or has one -1 that
 only one unknown input size can fill. Any other unknown dimension is an
@@ -21,16 +22,28 @@ concatenation's other axes) make their origins one: a graph in which they
 differ raises before anything of this rewrite could matter.
 
 An origin equality is a proof; a missing one is only "not known".
+
+TensorLists (what a recurrent layer reads its steps from and pushes what
+its gradient needs into) carry their elements' dimensions and, for small
+int vectors, values, so an element read back has the dimensions and value
+of what was put in: the join of everything pushed or set, where a list
+with no elements yet agrees with anything (BOTTOM). Inside a function,
+the arguments may come with `Facts` from the caller (`arg_facts`); calls
+of functions (While loops, If, PartitionedCall) are analysed by
+call_dims.py, which gives each call's outputs what its body proves of
+them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import op_def_registry
 
+from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.rewriters import op_table
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 
@@ -53,24 +66,66 @@ _MAX_VECTOR = 16
 # An unknown size of a function input: (Placeholder name, axis).
 InputDim = Tuple[str, int]
 
+# What a TensorList with no elements holds, per component or whole: it
+# agrees with anything pushed later.
+BOTTOM = ("bottom",)
+
+_LIST_DTYPE_OPS = ("EmptyTensorList", "TensorListReserve", "TensorListFromTensor")
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What is known of one tensor, in a form that crosses into a function
+    it is passed to: its dimensions, its value (a small int vector) and,
+    for a TensorList, its elements' dimensions and values. Each component
+    is a static int, None (nothing known), BOTTOM (a list with no elements:
+    agrees with anything) or a key; components with one key are equal.
+    A whole field may be None (rank unknown) and a list's elements BOTTOM."""
+    dims: Optional[tuple] = None
+    value: Optional[tuple] = None
+    elem_dims: object = None
+    elem_value: object = None
+    elem_dtype: Optional[str] = None
+
 
 class DimOrigins:
     def __init__(self, view: GraphView, fetches: Optional[Set[Tensor]] = None,
-                 equal_inputs: Iterable[Tuple[InputDim, InputDim]] = ()):
+                 equal_inputs: Iterable[Tuple[InputDim, InputDim]] = (),
+                 arg_facts: Optional[Dict[str, Facts]] = None, calls=None):
         """With `fetches`, only ops that run (those the fetches or a stateful
         op depend on) may make origins one: TF prunes the others unrun, so
         they prove nothing. Without, every op counts. `equal_inputs`: pairs
         of input sizes taken as equal (a caller that checks them on every
-        call: input_guards.py)."""
+        call: versions.py). `arg_facts`: {Placeholder name: Facts} proven by
+        the caller of this function body. `calls`: a call_dims.CallDims
+        that analyses the functions this graph calls (else their outputs
+        are origins of their own)."""
         self._view = view
         self._parent: Dict[Tuple, Tuple] = {}            # union-find of equal origins
         self._dims: Dict[Tensor, List[Dim]] = {}
         self._values: Dict[Tensor, List[Dim]] = {}      # int vectors (a scalar: length 1)
         self._scalar: Dict[Tensor, bool] = {}
+        # TensorLists: their elements' dimensions and values (BOTTOM, or a
+        # list of components), and dtype; resources: the variable's type.
+        self._elem_dims: Dict[Tensor, object] = {}
+        self._elem_values: Dict[Tensor, object] = {}
+        self._elem_dtype: Dict[Tensor, str] = {}
+        self._variables: Dict[Tensor, ir.TensorType] = {}
+        self._arg_facts = dict(arg_facts or {})
+        self._outer: Dict[Dim, object] = {}             # seed origin -> the caller's key
+        self._calls = calls
+        self._call_outputs: Dict[str, List[Facts]] = {}
+        self.call_args: Dict[str, Dict[str, List[Facts]]] = {}   # node -> function -> args
         self._runs = None if fetches is None else _ops_that_run(view, fetches)
         self._may_unify = True
         for a, b in equal_inputs:
             self.unify(_input_origin(a), _input_origin(b))
+        for name in view.order:   # a variable's reads tell its type, wherever they are
+            node = view.nodes[name]
+            if node.op == "ReadVariableOp" and view.data_inputs[name]:
+                known = view.type_of((name, 0))
+                if known is not None:
+                    self._variables.setdefault(view.data_inputs[name][0], known)
         for name in view.order:
             self._may_unify = self._runs is None or name in self._runs
             self._visit(view.nodes[name])
@@ -95,6 +150,68 @@ class DimOrigins:
     def input_dim(self, d: Dim) -> Optional[InputDim]:
         """A function input's size proven equal to `d`, if there is one."""
         return None if not _is_origin(d) else self._input_of.get(self._find(d))
+
+    def facts(self, t: Tensor) -> Facts:
+        """What is known of `t`, for a function it is passed to; keys are
+        this graph's origins (call_dims.py makes them portable)."""
+        def comps(value):
+            if value is None or value is BOTTOM:
+                return value
+            return tuple(c if c is BOTTOM or c is None else self._find(c) for c in value)
+        return Facts(comps(self.dims(t)), comps(self.value(t)),
+                     comps(self._elem_dims.get(t)), comps(self._elem_values.get(t)),
+                     self._elem_dtype.get(t))
+
+    def held_type(self, t: Tensor) -> Optional[ir.TensorType]:
+        """What a resource or TensorList tensor holds (a variable's value, a
+        list's element), as far as static sizes go; None if not known."""
+        if t in self._variables:
+            return self._variables[t]
+        elems, dtype = self._elem_dims.get(t), self._elem_dtype.get(t)
+        if elems is None or elems is BOTTOM or dtype not in ir.DTYPES:
+            return None
+        return ir.TensorType(dtype, tuple(c if isinstance(c, int) else None for c in elems))
+
+    def outer_keys(self, d: Dim) -> frozenset:
+        """The caller's keys of the arguments' components proven equal to `d`."""
+        if not _is_origin(d):
+            return frozenset()
+        root = self._find(d)
+        return frozenset(key for seed, key in self._outer.items() if self._find(seed) == root)
+
+    def join(self, a, b):
+        """The component both `a` and `b` are (BOTTOM agrees with anything)."""
+        if a is BOTTOM:
+            return b
+        if b is BOTTOM:
+            return a
+        if a is None or b is None:
+            return None
+        a, b = self._find(a), self._find(b)
+        return a if a == b else None
+
+    def join_all(self, a, b):
+        """Component by component (None: the rank is not known)."""
+        if a is BOTTOM:
+            return b
+        if b is BOTTOM:
+            return a
+        if a is None or b is None or len(a) != len(b):
+            return None
+        return [self.join(x, y) for x, y in zip(a, b)]
+
+    def _seed(self, component):
+        """This graph's dimension for a caller's component of an argument."""
+        if component is None or component is BOTTOM or isinstance(component, int):
+            return component
+        seed = ("dim", ("outer", component), 0, 0)
+        self._outer[seed] = component
+        return seed
+
+    def _seeded(self, value):
+        if value is None or value is BOTTOM:
+            return value
+        return [self._seed(c) for c in value]
 
     def _find(self, d: Dim) -> Dim:
         if isinstance(d, int):
@@ -126,6 +243,10 @@ class DimOrigins:
             t = (node.name, port)
             known = self._view.type_of(t)
             if known is None:
+                try:
+                    self._visit_list(node, inputs, port)
+                except (KeyError, IndexError, ValueError, TypeError):
+                    pass   # an op form the rule does not cover: nothing known of it
                 continue
             try:
                 derived = _dims_rule(self, node, inputs, port, known.rank)
@@ -142,12 +263,68 @@ class DimOrigins:
             self._dims[t] = dims
             if known.dtype in ("int32", "int64") and known.rank <= 1:
                 try:
-                    value = _value_rule(self, node, inputs)
+                    value = _value_rule(self, node, inputs, port)
                 except (KeyError, IndexError, ValueError, TypeError):
                     value = None
                 if value is not None and len(value) <= _MAX_VECTOR:
-                    self._values[t] = value
+                    # a component nothing places is a size of its own
+                    self._values[t] = [c if c is not None else ("dim", node.name, port, ("v", k))
+                                       for k, c in enumerate(value)]
                     self._scalar[t] = known.rank == 0
+
+    def _visit_list(self, node, inputs, port: int) -> None:
+        """A TensorList output: its elements' dimensions, values and dtype."""
+        t, op = (node.name, port), node.op
+        if op in _LIST_DTYPE_OPS or op in ("TensorListPushBack", "TensorListSetItem"):
+            self._elem_dtype[t] = _dtype_name(node.attr["element_dtype"].type)
+        if op == "EmptyTensorList":
+            dims, values = BOTTOM, BOTTOM
+        elif op == "TensorListReserve":
+            # Elements not set read as zeros of this shape; set ones must fit it.
+            shape = self.value(inputs[0])
+            dims = BOTTOM if shape is None or self._scalar.get(inputs[0]) \
+                else [BOTTOM if c == -1 else c for c in shape]
+            values = BOTTOM
+        elif op == "TensorListFromTensor":
+            x = self.dims(inputs[0])
+            dims, values = (None if x is None else x[1:]), None
+        elif op in ("TensorListPushBack", "TensorListSetItem"):
+            lst, item = inputs[0], inputs[-1]
+            dims = self.join_all(self._elem_dims.get(lst), self.dims(item))
+            values = self.join_all(self._elem_values.get(lst), self.value(item))
+        elif op in ("TensorListPopBack", "Identity", "ZerosLike") and port == 0:
+            dims = self._elem_dims.get(inputs[0])
+            values = None if op == "ZerosLike" else self._elem_values.get(inputs[0])
+            if inputs[0] in self._elem_dtype:
+                self._elem_dtype[t] = self._elem_dtype[inputs[0]]
+        elif op == "Placeholder" and node.name in self._arg_facts:
+            facts = self._arg_facts[node.name]
+            dims, values = self._seeded(facts.elem_dims), self._seeded(facts.elem_value)
+            if facts.elem_dtype:
+                self._elem_dtype[t] = facts.elem_dtype
+        elif self._calls is not None and self._calls.handles(node):
+            facts = self._call_facts(node, port)
+            dims, values = facts.elem_dims, facts.elem_value
+            if facts.elem_dtype:
+                self._elem_dtype[t] = facts.elem_dtype
+        else:
+            return
+        for store, value in ((self._elem_dims, dims), (self._elem_values, values)):
+            if value is not None:
+                store[t] = value
+
+    def _call_facts(self, node, port: int) -> Facts:
+        """What the function `node` calls proves of its output `port`."""
+        if node.name not in self._call_outputs:
+            inputs = self._view.data_inputs[node.name]
+            try:
+                args, outputs = self._calls.analyse(self, node, inputs)
+            except Exception:  # noqa: BLE001  (nothing proven: origins of their own)
+                args, outputs = {}, []
+            self.call_args[node.name] = args
+            self._call_outputs[node.name] = outputs
+        outputs = self._call_outputs[node.name]
+        return outputs[port] if port < len(outputs) else Facts()
 
     def _const(self, t: Tensor) -> Optional[np.ndarray]:
         node = self._view.nodes[t[0]]
@@ -192,6 +369,15 @@ def _broadcast(operands: List[List[Dim]], rank: int) -> List[Optional[Dim]]:
 
 def _dims_rule(origins: DimOrigins, node, inputs, port: int, rank: int):
     op = node.op
+    if op == "Placeholder" and node.name in origins._arg_facts:
+        return origins._seeded(origins._arg_facts[node.name].dims)
+    if origins._calls is not None and origins._calls.handles(node):
+        return _elements(origins._call_facts(node, port).dims)
+    if (op, port) in (("TensorListPopBack", 1), ("TensorListGetItem", 0)):
+        return _elements(origins._elem_dims.get(inputs[0]))
+    if op == "TensorListStack":
+        elems = _elements(origins._elem_dims.get(inputs[0]))
+        return None if elems is None else [None] + elems
     dims = [origins.dims(t) for t in inputs]
     if op in _PASS_VALUE or op in ("ZerosLike", "OnesLike", "Snapshot"):
         return dims[0]
@@ -254,6 +440,15 @@ def _dims_rule(origins: DimOrigins, node, inputs, port: int, rank: int):
         return dims[0][:axis] + [len(dims)] + dims[0][axis:]
     if op == "StridedSlice":
         return _sliced_dims(origins, node, inputs, dims[0])
+    if op in ("Split", "SplitV"):    # the split axis is TF's static size, the others kept
+        value, axis_input = (inputs[1], inputs[0]) if op == "Split" else (inputs[0], inputs[2])
+        x = list(origins.dims(value))
+        x[int(np.asarray(origins._const(axis_input)).reshape(-1)[0]) % len(x)] = None
+        return x
+    if op == "Unpack":
+        x = list(dims[0])
+        del x[node.attr["axis"].i % len(x)]
+        return x
     if op == "SparseSoftmaxCrossEntropyWithLogits":   # one label per row, or it raises
         origins.unify(dims[0][0], dims[1][0])
         return dims[0][:1] if port == 0 else dims[0]
@@ -379,8 +574,28 @@ def _fill_minus_one(source: List[Dim], target: List[Dim]) -> List[Optional[Dim]]
     return [fill if d == -1 else d for d in target]
 
 
-def _value_rule(origins: DimOrigins, node, inputs) -> Optional[List[Dim]]:
+def _elements(value) -> Optional[List[Dim]]:
+    """A list's element components as dimensions (BOTTOM: not known)."""
+    if value is None or value is BOTTOM:
+        return None
+    return [None if c is BOTTOM else c for c in value]
+
+
+def _dtype_name(code: int) -> Optional[str]:
+    try:
+        return tf.dtypes.as_dtype(code).name
+    except TypeError:
+        return None
+
+
+def _value_rule(origins: DimOrigins, node, inputs, port: int) -> Optional[List[Dim]]:
     op = node.op
+    if op == "Placeholder" and node.name in origins._arg_facts:
+        return origins._seeded(origins._arg_facts[node.name].value)
+    if origins._calls is not None and origins._calls.handles(node):
+        return _elements(origins._call_facts(node, port).value)
+    if op in ("TensorListPopBack", "TensorListGetItem"):
+        return _elements(origins._elem_values.get(inputs[0]))
     if op == "Const":
         value = np.asarray(tf.make_ndarray(node.attr["value"].tensor)).reshape(-1)
         return [int(v) for v in value]

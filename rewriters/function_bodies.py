@@ -34,35 +34,18 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set
 
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, types_pb2
+from tensorflow.core.framework import function_pb2, graph_pb2
 from tensorflow.python.eager import context
-from tensorflow.python.framework import op_def_registry
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.rewriters import shapes as shape_inference
+from tf_fusionstitch.rewriters.function_graphs import (  # noqa: F401  (called_functions: API)
+    FUNC_ATTRS, WHILE_OPS, FunctionGraphs, Shape, called_functions, find_op_def,
+    handle_types, merge_handles, merge_shapes, num_args, site_shapes)
 from tf_fusionstitch.rewriters.graph_view import Tensor, parse_input
 from tf_fusionstitch.rewriters.kernel_count import memory_intensive_kernels
-
-WHILE_OPS = ("While", "StatelessWhile")
-
-# Each function-valued attribute of a call op and which of the caller's inputs
-# the function receives (a slice start).
-_FUNC_ATTRS = {
-    "While": {"body": 0, "cond": 0},
-    "StatelessWhile": {"body": 0, "cond": 0},
-    "If": {"then_branch": 1, "else_branch": 1},
-    "StatelessIf": {"then_branch": 1, "else_branch": 1},
-    "Case": {"branches": 1},
-    "StatelessCase": {"branches": 1},
-    "PartitionedCall": {"f": 0},
-    "StatefulPartitionedCall": {"f": 0},
-}
-
-Shape = Optional[Tuple[Optional[int], ...]]   # None: unknown rank
-
 
 @dataclasses.dataclass
 class FunctionReport:
@@ -79,99 +62,9 @@ class FunctionReport:
         return bool(self.new_name)
 
 
-# run_pass(body graph_def, types, fetches) -> PassResult (fusion_pass.py)
+# run_pass(body graph_def, types, fetches, arg_facts=) -> PassResult
+# (fusion_pass.py)
 RunPass = Callable[[object, Dict[Tensor, Optional[ir.TensorType]], Set[Tensor]], object]
-
-
-def called_functions(node, library_names: Set[str]) -> List[Tuple[str, str, int]]:
-    """(attr, function name, first caller input it receives) of each function
-    `node` calls; a node whose op is itself a library function calls it with
-    all its inputs."""
-    calls = []
-    if node.op in library_names:
-        calls.append(("", node.op, 0))
-    for attr, start in _FUNC_ATTRS.get(node.op, {}).items():
-        if attr not in node.attr:
-            continue
-        value = node.attr[attr]
-        if value.HasField("func"):
-            calls.append((attr, value.func.name, start))
-        else:
-            calls.extend((attr, f.name, start) for f in value.list.func)
-    return calls
-
-
-def _shape_tuple(t: Optional[ir.TensorType]) -> Shape:
-    return None if t is None else tuple(t.shape)
-
-
-def _proto_shape(p) -> Shape:
-    if p.unknown_rank:
-        return None
-    return tuple(None if d.size < 0 else d.size for d in p.dim)
-
-
-def _site_shapes(node, start: int, types) -> List[Shape]:
-    """Input shapes of the function a call node calls from input `start` on."""
-    data = [parse_input(s) for s in node.input if not s.startswith("^")][start:]
-    shapes = [_shape_tuple(types.get((src, port))) for src, port, _ in data]
-    if node.op in WHILE_OPS:
-        # The loop's shape invariants hold on every iteration; the first
-        # iteration's inputs may be more specific than later ones.
-        invariant = [_proto_shape(p) for p in node.attr["output_shapes"].list.shape] \
-            if "output_shapes" in node.attr else []
-        if len(invariant) != len(shapes):
-            return [None] * len(shapes)
-        return invariant
-    return shapes
-
-
-def _merge(a: Shape, b: Shape) -> Shape:
-    """The dimensions two shapes agree on."""
-    if a is None or b is None or len(a) != len(b):
-        return None
-    return tuple(x if x == y else None for x, y in zip(a, b))
-
-
-def function_to_graph_def(fdef, input_shapes: Sequence[Shape], library, versions):
-    """(GraphDef with one Placeholder per argument and the body's nodes in
-    GraphDef naming, {nested tensor name: flat name}). `library` goes along so
-    nested calls resolve on import; `versions` too (a GraphDef without a
-    producer version reads a Placeholder's scalar shape as unknown)."""
-    gd = graph_pb2.GraphDef()
-    gd.versions.CopyFrom(versions)
-    gd.library.CopyFrom(library)
-    names = {}
-    for arg, shape in zip(fdef.signature.input_arg, input_shapes):
-        node = gd.node.add()
-        node.name = arg.name
-        node.op = "Placeholder"
-        node.attr["dtype"].type = arg.type
-        if shape is not None and arg.type != types_pb2.DT_RESOURCE:
-            # (an AttrValue built whole: copying an empty proto into
-            # attr["shape"].shape would leave a scalar's attribute unset)
-            node.attr["shape"].CopyFrom(
-                attr_value_pb2.AttrValue(shape=tf.TensorShape(list(shape)).as_proto()))
-        names[arg.name] = f"{arg.name}:0"
-        names["^" + arg.name] = "^" + arg.name
-    signatures = {f.signature.name: f.signature for f in library.function}
-    for node in fdef.node_def:
-        op_def = _op_def(node.op, signatures)
-        flat = 0
-        for arg in op_def.output_arg:
-            for i in range(_num_args(arg, node)):
-                names[f"{node.name}:{arg.name}:{i}"] = f"{node.name}:{flat}"
-                flat += 1
-        names["^" + node.name] = "^" + node.name
-    for node in fdef.node_def:
-        new = gd.node.add()
-        new.CopyFrom(node)
-        del new.input[:]
-        for s in node.input:
-            if s not in names:
-                raise ValueError(f"node {node.name} reads {s!r}, which the function lacks")
-            new.input.append(names[s])
-    return gd, names
 
 
 def graph_def_to_function(gd, original, tensor_map: Dict[Tensor, str], names: Dict[str, str]):
@@ -195,9 +88,9 @@ def graph_def_to_function(gd, original, tensor_map: Dict[Tensor, str], names: Di
             node = nodes.get(src)
             if node is None:
                 raise ValueError(f"{flat!r} names no node of the function")
-            op_def = _op_def(node.op, signatures)
+            op_def = find_op_def(node.op, signatures)
             out_names[src] = [f"{arg.name}:{i}" for arg in op_def.output_arg
-                              for i in range(_num_args(arg, node))]
+                              for i in range(num_args(arg, node))]
         outs = out_names[src]
         if port >= len(outs):
             raise ValueError(f"{flat!r}: {src} has {len(outs)} outputs")
@@ -232,23 +125,6 @@ def graph_def_to_function(gd, original, tensor_map: Dict[Tensor, str], names: Di
     return fdef
 
 
-def _op_def(op: str, signatures):
-    if op in signatures:
-        return signatures[op]
-    op_def = op_def_registry.get(op)
-    if op_def is None:
-        raise ValueError(f"op {op} is not registered")
-    return op_def
-
-
-def _num_args(arg, node) -> int:
-    if arg.number_attr:
-        return node.attr[arg.number_attr].i
-    if arg.type_list_attr:
-        return len(node.attr[arg.type_list_attr].list.type)
-    return 1
-
-
 def _check(fdef, library) -> None:
     """Builds a graph from the rewritten FunctionDef, as TF will when it runs
     it: every node's inputs resolve and shape inference accepts it."""
@@ -265,71 +141,14 @@ def _digest(fdef) -> str:
     return hashlib.sha256(fdef.SerializeToString(deterministic=True)).hexdigest()[:10]
 
 
-# Ops whose output (port) is an element of the TensorList they read (input 0).
-_LIST_READS = {"TensorListPopBack": 1, "TensorListGetItem": 0}
-_HINT_ROUNDS = 3
-
-
-def _handle_types(gd, order, types, arg_handles, call_handles):
-    """The type of what each resource or TensorList tensor holds (a variable's
-    value, a list's element), where known: from the reads of a variable, the
-    tensors pushed into a list, the lists' sources, and `arg_handles` (the
-    arguments') and `call_handles` ({node: [per output]}, call nodes)."""
-    nodes = {n.name: n for n in gd.node}
-    handles: Dict[Tensor, ir.TensorType] = dict(arg_handles)
-
-    def data(node):
-        return [parse_input(s)[:2] for s in node.input if not s.startswith("^")]
-
-    def put(t, value):
-        if value is not None and t not in handles:
-            handles[t] = value
-
-    for name in order:
-        node = nodes[name]
-        ins = data(node)
-        if node.op == "ReadVariableOp" and ins:
-            put(ins[0], types.get((name, 0)))
-        elif node.op in ("TensorListPushBack", "TensorListSetItem") and ins:
-            held, pushed = handles.get(ins[0]), types.get(ins[-1])
-            put((name, 0), pushed if held is None else _merge_handles(held, pushed))
-        elif node.op in ("TensorListPopBack", "Identity") and ins:
-            put((name, 0), handles.get(ins[0]))
-        elif node.op == "TensorListFromTensor" and ins:
-            t = types.get(ins[0])
-            if t is not None and len(t.shape) >= 1:
-                put((name, 0), ir.TensorType(t.dtype, tuple(t.shape[1:])))
-        elif name in call_handles:
-            for k, value in enumerate(call_handles[name]):
-                put((name, k), value)
-    return handles
-
-
-def _read_hints(gd, handles) -> Dict[str, tf.TensorSpec]:
-    """Shape hints for the outputs of reads of variables and lists whose
-    contents are known: shape inference cannot see into an argument handle."""
-    hints = {}
-    for node in gd.node:
-        ins = [parse_input(s)[:2] for s in node.input if not s.startswith("^")]
-        port = 0 if node.op == "ReadVariableOp" else _LIST_READS.get(node.op)
-        if port is None or not ins or ins[0] not in handles:
-            continue
-        t = handles[ins[0]]
-        hints[f"{node.name}:{port}"] = tf.TensorSpec(list(t.shape), t.dtype)
-    return hints
-
-
-def _merge_handles(a: Optional[ir.TensorType], b: Optional[ir.TensorType]):
-    if a is None or b is None or a.dtype != b.dtype:
-        return None
-    shape = _merge(a.shape, b.shape)
-    return None if shape is None else ir.TensorType(a.dtype, shape)
-
-
-def rewrite_function_bodies(graph_def, types, run_pass: RunPass):
+def rewrite_function_bodies(graph_def, types, run_pass: RunPass, functions: FunctionGraphs,
+                            call_facts: Dict[str, Dict[str, tuple]]):
     """Runs `run_pass` inside every function `graph_def` calls. Returns (new
     GraphDef, [FunctionReport], {function name: PassResult} of the rewritten
-    functions). `types` are the graph's own tensor types."""
+    functions). `types` are the graph's own tensor types; `functions`
+    converts the library's functions; `call_facts` is what the graph proves
+    of each call's arguments (PassResult.call_facts), which the pass inside
+    may take as given."""
     from tf_fusionstitch.rewriters.graph_view import GraphView
 
     library = graph_def.library
@@ -338,12 +157,12 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass):
     reports: Dict[str, FunctionReport] = {}
     results: Dict[str, object] = {}
     new_defs: Dict[str, function_pb2.FunctionDef] = {}
-    seen: Dict[str, tuple] = {}           # function -> (shapes, handles) it was processed for
+    seen: Dict[str, tuple] = {}           # function -> (shapes, handles, facts) it was processed for
     rets: Dict[str, list] = {}            # function -> handle type of each return value
     callees: Dict[str, List[str]] = {}
     order: List[str] = []
 
-    def walk(caller, gd, gd_types, arg_handles):
+    def walk(caller, gd, gd_types, arg_handles, gd_call_facts):
         """Processes every function `gd` calls, in its topological order (a
         call's outputs may hold lists a later call reads); returns the
         handle types of gd's tensors."""
@@ -351,32 +170,36 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass):
         nodes = {n.name: n for n in gd.node}
         call_handles: Dict[str, list] = {}
         # A function called from several nodes of this graph gets the
-        # dimensions all those calls agree on (calls from other graphs found
-        # later with other shapes keep it as it was: `process`).
-        site_shapes: Dict[str, List[Shape]] = {}
+        # dimensions (and facts) all those calls agree on (calls from other
+        # graphs found later with others keep it as it was: `process`).
+        shapes_of: Dict[str, List[Shape]] = {}
+        facts_of: Dict[str, Optional[tuple]] = {}
         for name in view_order:
             for _, fname, start in called_functions(nodes[name], names):
                 if fname in fdefs:
-                    shapes = _site_shapes(nodes[name], start, gd_types)
-                    known = site_shapes.get(fname)
-                    site_shapes[fname] = shapes if known is None or len(known) != len(shapes) \
-                        else [_merge(a, b) for a, b in zip(known, shapes)]
-        handles = _handle_types(gd, view_order, gd_types, arg_handles, call_handles)
+                    shapes = site_shapes(nodes[name], start, gd_types)
+                    known = shapes_of.get(fname)
+                    shapes_of[fname] = shapes if known is None or len(known) != len(shapes) \
+                        else [merge_shapes(a, b) for a, b in zip(known, shapes)]
+                    facts = gd_call_facts.get(name, {}).get(fname)
+                    facts_of[fname] = facts if facts_of.get(fname, facts) == facts else None
+        handles = handle_types(gd, view_order, gd_types, arg_handles, call_handles)
         for name in view_order:
             node = nodes[name]
             calls = [c for c in called_functions(node, names) if c[1] in fdefs]
             if not calls:
                 continue
-            handles = _handle_types(gd, view_order, gd_types, arg_handles, call_handles)
+            handles = handle_types(gd, view_order, gd_types, arg_handles, call_handles)
             data = [parse_input(s)[:2] for s in node.input if not s.startswith("^")]
             outs = None
             for attr, fname, start in calls:
                 callees.setdefault(caller, []).append(fname)
                 in_handles = [handles.get(t) for t in data[start:]]
-                shapes = _site_shapes(node, start, gd_types)
-                if len(site_shapes[fname]) == len(shapes):
-                    shapes = site_shapes[fname]
-                ret = process(fname, shapes, in_handles, f"{caller or 'the graph'}/{name}")
+                shapes = site_shapes(node, start, gd_types)
+                if len(shapes_of[fname]) == len(shapes):
+                    shapes = shapes_of[fname]
+                ret = process(fname, shapes, in_handles, facts_of[fname],
+                              f"{caller or 'the graph'}/{name}")
                 if attr in ("cond",):
                     continue
                 if node.op in WHILE_OPS and ret is not None:
@@ -387,7 +210,7 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass):
                         # entry; if an iteration can change it, keep the original.
                         _revert(fname, f"not rewritten: loop variable {changed[0]} holds "
                                 "values of another shape after an iteration")
-                    ret = [_merge_handles(a, b) if a is not None else b
+                    ret = [merge_handles(a, b) if a is not None else b
                            for a, b in zip(in_handles, ret)]
                 if outs is None:
                     outs = ret
@@ -395,7 +218,7 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass):
                     outs = [a if a == b else None for a, b in zip(outs, ret)]
             if outs:
                 call_handles[name] = outs
-        return _handle_types(gd, view_order, gd_types, arg_handles, call_handles)
+        return handle_types(gd, view_order, gd_types, arg_handles, call_handles)
 
     def _revert(fname, reason):
         new_defs.pop(fname, None)
@@ -403,56 +226,50 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass):
         r.reason = reason
         r.kernels_after, r.fused_clusters = r.kernels_before, 0
 
-    def process(fname, shapes, in_handles, where):
+    def process(fname, shapes, in_handles, facts, where):
         fdef = fdefs[fname]
         n = len(fdef.signature.input_arg)
-        if len(shapes) != n or len(in_handles) != n:
+        if len(shapes) != n or len(in_handles) != n or (facts is not None and len(facts) != n):
             reports.setdefault(fname, FunctionReport(fname)).reason = (
                 f"not converted: {where} passes {len(shapes)} inputs, it takes {n}")
             return None
         if fname in seen:
-            if seen[fname] != (shapes, in_handles) and fname in new_defs:
-                # Another call with other shapes: keep the original for all.
+            if seen[fname] != (shapes, in_handles, facts) and fname in new_defs:
+                # Another call with other shapes or facts: keep the original for all.
                 _revert(fname, f"not rewritten: {where} calls it with other input shapes")
             return rets.get(fname)
-        seen[fname] = (shapes, in_handles)
+        seen[fname] = (shapes, in_handles, facts)
         order.append(fname)
         report = reports.setdefault(fname, FunctionReport(fname))
-        args = [a.name for a in fdef.signature.input_arg]
-        arg_handles = {(a, 0): h for a, h in zip(args, in_handles) if h is not None}
         try:
-            body, flat_names = function_to_graph_def(fdef, shapes, library, graph_def.versions)
-            hints: Dict[str, tf.TensorSpec] = {}
-            for _ in range(_HINT_ROUNDS):
-                body_types = shape_inference.infer_types(body, hints)
-                handles = _handle_types(body, GraphView(body, body_types).order, body_types,
-                                        arg_handles, {})
-                more = _read_hints(body, handles)
-                if more == hints:
-                    break
-                hints = more
+            conv = functions.convert(fname, shapes, in_handles)
         except Exception as e:  # noqa: BLE001  (any failure: the function stays)
             report.reason = f"not converted: {type(e).__name__}: {e}"
             return None
+        body, body_types = conv.graph_def, conv.types
+        report.kernels_before = report.kernels_after = memory_intensive_kernels(body)
+        result = None
         try:
-            handles = walk(fname, body, body_types, arg_handles)
+            arg_facts = None if facts is None else dict(zip(conv.args, facts))
+            result = run_pass(body, body_types, set(conv.fetches), arg_facts=arg_facts)
+            results[fname] = result
+        except Exception as e:  # noqa: BLE001
+            report.reason = f"not rewritten: {type(e).__name__}: {e}"
+        arg_handles = {(a, 0): h for a, h in zip(conv.args, in_handles) if h is not None}
+        try:
+            handles = walk(fname, body, body_types, arg_handles,
+                           result.call_facts if result is not None else {})
         except Exception as e:  # noqa: BLE001
             report.reason = f"not converted: {type(e).__name__}: {e}"
             return None
-        ret_tensors = [parse_input(flat_names[fdef.ret[a.name]])[:2]
-                       for a in fdef.signature.output_arg]
-        rets[fname] = [handles.get(t) for t in ret_tensors]
-        report.kernels_before = report.kernels_after = memory_intensive_kernels(body)
+        rets[fname] = [handles.get(t) for t in conv.rets]
+        if result is None:
+            return rets[fname]
+        n_fused = sum(n.op == "FusionStitch" for n in result.graph_def.node)
+        if n_fused == 0:
+            return rets[fname]
         try:
-            fetches = set(ret_tensors)
-            for node_name in fdef.control_ret.values():
-                fetches.add((node_name, 0))
-            result = run_pass(body, body_types, fetches)
-            n_fused = sum(n.op == "FusionStitch" for n in result.graph_def.node)
-            results[fname] = result
-            if n_fused == 0:
-                return rets[fname]
-            new = graph_def_to_function(result.graph_def, fdef, result.tensor_map, flat_names)
+            new = graph_def_to_function(result.graph_def, fdef, result.tensor_map, conv.names)
             _check(new, library)
         except Exception as e:  # noqa: BLE001
             report.reason = f"not rewritten: {type(e).__name__}: {e}"
@@ -462,7 +279,7 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass):
         report.fused_clusters = n_fused
         return rets[fname]
 
-    walk("", graph_def, types, {})
+    walk("", graph_def, types, {}, call_facts)
 
     if not new_defs:
         return graph_def, list(reports.values()), results
@@ -523,7 +340,7 @@ def all_nodes(graph_def):
 def _rename_calls(node, renamed: Dict[str, str], names: Set[str]) -> None:
     if node.op in renamed:
         node.op = renamed[node.op]
-    for attr in _FUNC_ATTRS.get(node.op, {}):
+    for attr in FUNC_ATTRS.get(node.op, {}):
         if attr not in node.attr:
             continue
         value = node.attr[attr]

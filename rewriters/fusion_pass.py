@@ -25,9 +25,9 @@ from typing import Callable, Dict, List, Optional, Set
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.report import ClusterReport
-from tf_fusionstitch.rewriters import (clustering, decided_shapes, explore,
-                                       function_bodies, op_table, packing, variable_updates,
-                                       xla_like)
+from tf_fusionstitch.rewriters import (call_dims, clustering, decided_shapes, explore,
+                                       function_bodies, function_graphs, op_table, packing,
+                                       variable_updates, xla_like)
 from tf_fusionstitch.rewriters.clustering import fusible_nodes
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.kernel_count import memory_intensive_kernels
@@ -55,6 +55,9 @@ class PassResult:
     functions: list = dataclasses.field(default_factory=list)
     body_kernels_before: int = 0
     body_kernels_after: int = 0
+    # What this graph proves of the arguments of each function it calls:
+    # {call node: {function: portable Facts per argument}} (call_dims.py).
+    call_facts: Dict[str, Dict[str, tuple]] = dataclasses.field(default_factory=dict)
 
 
 def _prims(c: ir.Cluster) -> int:
@@ -80,17 +83,22 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
     if fusion not in FUSION_STRATEGIES:
         raise ValueError(f"fusion={fusion!r}: expected one of {', '.join(FUSION_STRATEGIES)}")
 
-    def run_pass(gd, gd_types, gd_fetches, inputs=None):
-        return _fuse_graph(gd, gd_types, gd_fetches, build, min_cluster_ops, fusion,
-                           explore_k, explore_beam, pack, costs, costs_source, inputs)
+    library = function_graphs.FunctionGraphs(graph_def.library, graph_def.versions)
+    calls = call_dims.CallDims(library) if graph_def.library.function else None
 
-    # A function body's inputs are its caller's values, which no guard checks.
+    def run_pass(gd, gd_types, gd_fetches, inputs=None, arg_facts=None):
+        context = decided_shapes.Context(arg_facts, calls)
+        return _fuse_graph(gd, gd_types, gd_fetches, build, min_cluster_ops, fusion,
+                           explore_k, explore_beam, pack, costs, costs_source, inputs, context)
+
+    # A function body's inputs are its caller's values, which no guard
+    # checks: only what the caller proves of them (call_facts) holds there.
     result = run_pass(graph_def, types, fetches, input_equalities)
     if not graph_def.library.function:
         return result
     try:
         new_gd, functions, body_results = function_bodies.rewrite_function_bodies(
-            result.graph_def, types, run_pass)
+            result.graph_def, types, run_pass, library, result.call_facts)
     except Exception as e:  # noqa: BLE001  (never worse than not using it)
         result.clusters.append(ClusterReport(
             "function bodies", [], False,
@@ -117,16 +125,23 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
 def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: int,
                 fusion: str, explore_k: int, explore_beam: int, pack: bool,
                 costs: Optional[Dict], costs_source: str,
-                input_equalities: Optional[decided_shapes.InputEqualities]) -> PassResult:
+                input_equalities: Optional[decided_shapes.InputEqualities],
+                context: decided_shapes.Context) -> PassResult:
     """The pass over `graph_def`'s own nodes."""
     before = memory_intensive_kernels(graph_def)  # of the graph as given, before any expansion
     graph_def, types, _ = variable_updates.fold_variable_updates(
         graph_def, types, op_table.is_memory_intensive)
     graph_def, _ = variable_updates.forward_assigned_reads(graph_def, fetches)
-    graph_def, types = decided_shapes.fold(graph_def, types, fetches, input_equalities)
+    graph_def, types = decided_shapes.fold(graph_def, types, fetches, input_equalities, context)
+    assumed = input_equalities.assumed if input_equalities else set()
     if fusion == "xla_like":
         graph_def, types = xla_like.expand_softmax(graph_def, types)
-    view = GraphView(graph_def, types)
+    # What is proven of the graph's dynamic sizes: kernels learn which of
+    # their inputs' extents are equal, and called functions their arguments'.
+    origins = context.origins(GraphView(graph_def, types), fetches, assumed)
+    view = GraphView(graph_def, types, dims=origins.dims)
+    call_facts = {node: {fname: call_dims.portable(args) for fname, args in by_function.items()}
+                  for node, by_function in origins.call_args.items()}
     exploration = ""
     verdict = fusible_nodes(view, fetches)
     candidates = {n for n, why in verdict.items() if not why}
@@ -183,4 +198,5 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
                for n, why in verdict.items()
                if n not in fused and op_table.is_memory_intensive(view.nodes[n].op)]
     return PassResult(new_gd, tensor_map, reports, before, after, compile_seconds, unfused,
-                      exploration)
+                      exploration, call_facts=call_facts)
+

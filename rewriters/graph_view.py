@@ -7,7 +7,7 @@ shape inference, supplied by the caller as `types[(node, port)]`.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from tf_fusionstitch import fusion_ir as ir
 
@@ -38,10 +38,16 @@ def tensor_name(t: Tensor) -> str:
 
 
 class GraphView:
-    def __init__(self, graph_def, types: Dict[Tensor, Optional[ir.TensorType]]):
+    def __init__(self, graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
+                 dims: Optional[Callable[[Tensor], Optional[list]]] = None):
+        """`dims(t)`: per dimension of `t`, a symbol (dim_origins.py) that is the
+        same for dimensions proven equal whenever the graph runs, or None
+        if nothing is proven; lowering tells a kernel which dynamic extents
+        are equal (fusion_ir.Cluster.equal_dims)."""
         self.graph_def = graph_def
         self.nodes = {n.name: n for n in graph_def.node}
         self.types = types
+        self.dims = dims
         self.num_outputs = {name: 1 for name in self.nodes}
         for (name, port) in types:
             if name in self.num_outputs:

@@ -132,6 +132,22 @@ def lower_nodes(view: GraphView, nodes: Sequence[str], fetches: Set[Tensor]) -> 
                 output_tensors.append(t)
     if not outputs:
         raise NotFusible("cluster has no outputs")
-    cluster = ir.Cluster(tuple(inputs), tuple(ops), tuple(outputs))
+    cluster = ir.Cluster(tuple(inputs), tuple(ops), tuple(outputs),
+                         _equal_dims(view, inputs, input_tensors))
     cluster.validate()
     return LoweredCluster(ordered, cluster, input_tensors, output_tensors)
+
+
+def _equal_dims(view: GraphView, inputs, tensors) -> tuple:
+    """Classes of the inputs' dynamic extents the view proves equal."""
+    if view.dims is None:
+        return ()
+    classes: Dict[object, list] = {}
+    for (name, t), tensor in zip(inputs, tensors):
+        symbols = view.dims(tensor)
+        if symbols is None or len(symbols) != t.rank:
+            continue
+        for d, (extent, symbol) in enumerate(zip(t.shape, symbols)):
+            if extent is None and symbol is not None and not isinstance(symbol, int):
+                classes.setdefault(symbol, []).append((name, d))
+    return tuple(sorted(tuple(sorted(c)) for c in classes.values() if len(c) > 1))

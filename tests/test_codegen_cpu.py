@@ -315,6 +315,59 @@ def test_dynamic_dimensions_may_broadcast_at_run_time():
         run(c, [np.ones((3, 8), np.float32), np.ones((4, 8), np.float32), z])
 
 
+def _proven_equal_batches():
+    """x * sigmoid(y) beside y: both batches dynamic, proven equal by the rewriter."""
+    full = T("float32", (N, 8))
+    return ir.Cluster((("x", full), ("y", full)), (
+        op("s", "sigmoid", ["y"], full),
+        op("a", "mul", ["x", "s"], full)), ("a", "s"),
+        equal_dims=((("x", 0), ("y", 0)),))
+
+
+def test_extents_proven_equal_do_not_broadcast_and_are_checked():
+    """Without the proof, output s could be smaller than the iteration space
+    (x's batch 1 against y's 4), so the cluster would not fuse; with it there
+    is no run-time broadcast, and a call that breaks the proof is refused."""
+    c = _proven_equal_batches()
+    with pytest.raises(UnsupportedCluster, match="smaller than the iteration space"):
+        build_schedule(ir.Cluster(c.inputs, c.ops, c.outputs))
+    assert build_schedule(c).maybe_broadcast == []
+    assert ir.Cluster.from_json(c.to_json()) == c
+    x = RNG.standard_normal((5, 8), dtype=np.float32)
+    y = RNG.standard_normal((5, 8), dtype=np.float32)
+    (a, s), _ = run(c, [x, y])
+    np.testing.assert_allclose(s, 1 / (1 + np.exp(-y)), rtol=1e-6)
+    np.testing.assert_allclose(a, x * s, rtol=1e-6)
+    with pytest.raises(KernelShapeError, match="Incompatible shapes"):
+        run(c, [np.ones((1, 8), np.float32), y])
+
+
+@pytest.mark.parametrize("classes,message", [
+    ([[["x", 0]]], "two or more"),
+    ([[["y", 0], ["x", 0]]], "sorted list"),
+    ([[["x", 1], ["y", 0]]], "not a dynamic extent"),
+    ([[["x", 0], ["z", 0]]], "not a dynamic extent"),
+    ([[["x", 0], ["y", 0]], [["x", 0], ["y", 0]]], "twice"),
+    ("x", "list of lists"),
+])
+def test_edited_equal_dims_are_rejected(classes, message):
+    def edit(o):
+        o["equal_dims"] = classes
+    with pytest.raises(ir.SpecError, match=message):
+        ir.Cluster.from_json(_edited(_proven_equal_batches(), edit))
+
+
+def test_a_part_keeps_what_is_proven_of_its_own_inputs():
+    full = T("float32", (N, 8))
+    c = ir.Cluster((("x", full), ("y", full), ("z", full)), (
+        op("a", "mul", ["x", "y"], full),
+        op("b", "neg", ["z"], full)), ("a", "b"),
+        equal_dims=((("x", 0), ("y", 0), ("z", 0)),))
+    first, second = ir.connected_parts(c)
+    assert first.cluster.equal_dims == ((("x", 0), ("y", 0)),)
+    assert second.cluster.equal_dims == ()
+
+
 def test_no_run_time_broadcast_along_a_reduced_axis():
     """x[?] may be 1 at run time and broadcast against y[2] only after the
     reduction: fusing would reduce over 2 copies, so the schedule refuses."""

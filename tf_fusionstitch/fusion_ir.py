@@ -145,6 +145,21 @@ class Cluster:
     inputs: tuple   # ((name, TensorType), ...)
     ops: tuple      # (Op, ...), topologically ordered
     outputs: tuple  # (value name, ...)
+    # Classes of the inputs' dynamic extents that are equal whenever the graph
+    # runs (the rewriter proved it): ((("in0", 0), ("in3", 0)), ...), sorted.
+    # None of them broadcasts against another; the kernel's shape function
+    # still checks them on every call.
+    equal_dims: tuple = ()
+
+    def subset(self, inputs: Sequence[int], ops: Sequence["Op"],
+               outputs: Sequence[int]) -> "Cluster":
+        """The cluster of some of this one's inputs (indices), ops and outputs
+        (indices), with what is known of those inputs' extents."""
+        kept = {self.inputs[i][0] for i in inputs}
+        classes = [tuple(m for m in cls if m[0] in kept) for cls in self.equal_dims]
+        return Cluster(tuple(self.inputs[i] for i in inputs), tuple(ops),
+                       tuple(self.outputs[j] for j in outputs),
+                       tuple(c for c in classes if len(c) > 1))
 
     def types(self) -> dict:
         out = {n: t for n, t in self.inputs}
@@ -160,6 +175,8 @@ class Cluster:
                "inputs": [{"name": n, "type": t.to_json()} for n, t in self.inputs],
                "ops": [op.to_json() for op in self.ops],
                "outputs": list(self.outputs)}
+        if self.equal_dims:  # absent when empty: older specs keep their text and hash
+            obj["equal_dims"] = [[list(m) for m in cls] for cls in self.equal_dims]
         return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
     @staticmethod
@@ -171,7 +188,7 @@ class Cluster:
             raise SpecError(f"fusion spec is not valid JSON: {e}") from None
         _expect(isinstance(obj, dict) and obj.get("version") == 1,
                 "fusion spec must be an object with version 1")
-        _expect(set(obj) == {"version", "inputs", "ops", "outputs"},
+        _expect(set(obj) - {"equal_dims"} == {"version", "inputs", "ops", "outputs"},
                 f"fusion spec has unexpected keys {sorted(obj)!r:.120}")
         _expect(isinstance(obj["inputs"], list) and isinstance(obj["ops"], list)
                 and isinstance(obj["outputs"], list), "inputs, ops and outputs must be lists")
@@ -180,8 +197,13 @@ class Cluster:
             _expect(isinstance(item, dict) and set(item) == {"name", "type"},
                     f"an input must be {{name, type}}, got {item!r:.80}")
             inputs.append((item["name"], TensorType.from_json(item["type"])))
+        classes = obj.get("equal_dims", [])
+        _expect(isinstance(classes, list) and all(
+            isinstance(c, list) and all(isinstance(m, list) and len(m) == 2 for m in c)
+            for c in classes), "equal_dims must be a list of lists of [input, dim] pairs")
         cluster = Cluster(tuple(inputs), tuple(Op.from_json(o) for o in obj["ops"]),
-                          tuple(obj["outputs"]))
+                          tuple(obj["outputs"]),
+                          tuple(tuple(tuple(m) for m in c) for c in classes))
         cluster.validate()
         return cluster
 
@@ -214,6 +236,19 @@ class Cluster:
             _expect(isinstance(o, str) and o in known and o not in dict(self.inputs),
                     f"output {o!r:.40} is not a value computed by the cluster")
         _expect(len(set(self.outputs)) == len(self.outputs), "duplicate outputs")
+        inputs = dict(self.inputs)
+        seen = set()
+        for cls in self.equal_dims:
+            _expect(isinstance(cls, tuple) and len(cls) > 1 and list(cls) == sorted(set(cls)),
+                    "each class of equal_dims is a sorted list of two or more members")
+            for name, d in cls:
+                _expect(name in inputs and type(d) is int and 0 <= d < inputs[name].rank
+                        and inputs[name].shape[d] is None,
+                        f"equal_dims names {name!r:.40} dimension {d!r:.10}, which is not a "
+                        "dynamic extent of an input")
+                _expect((name, d) not in seen, f"equal_dims names ({name}, {d}) twice")
+                seen.add((name, d))
+        _expect(list(self.equal_dims) == sorted(self.equal_dims), "equal_dims must be sorted")
 
 
 def _expect(cond: bool, message: str) -> None:
@@ -404,7 +439,5 @@ def connected_parts(cluster: Cluster) -> list:
         ins = tuple(sorted(input_index[n] for n in used))
         outs = tuple(j for j, o in enumerate(cluster.outputs)
                      if (o not in sources and o in root and find(o) == r) or o == r)
-        sub = Cluster(tuple(cluster.inputs[i] for i in ins), ops,
-                      tuple(cluster.outputs[j] for j in outs))
-        parts.append(Part(sub, ins, outs))
+        parts.append(Part(cluster.subset(ins, ops, outs), ins, outs))
     return parts

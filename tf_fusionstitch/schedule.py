@@ -304,18 +304,20 @@ def build_schedule(cluster: ir.Cluster) -> Schedule:
 def _maybe_broadcast(cluster, dim_axes, static_extent) -> List[Tuple[int, int]]:
     """Input dimensions unknown at optimization time that may be 1 at run time
     while the axis is larger, as TF's broadcasting allows: the axis has another
-    source (a static extent, or another input's dimension). They get a run-time
-    stride (0 when broadcast) instead of an assumption."""
-    sources: Dict[int, int] = {}
+    source (a static extent, or another input's dimension not proven equal:
+    cluster.equal_dims). They get a run-time stride (0 when broadcast)
+    instead of an assumption."""
+    sources: Dict[int, set] = {}
+    class_of = {m: k for k, cls in enumerate(cluster.equal_dims) for m in cls}
     for name, _ in cluster.inputs:
-        for a in dim_axes[name]:
+        for d, a in enumerate(dim_axes[name]):
             if a is not None:
-                sources[a] = sources.get(a, 0) + 1
+                sources.setdefault(a, set()).add(class_of.get((name, d), (name, d)))
     out = []
     for i, (name, t) in enumerate(cluster.inputs):
         for d, a in enumerate(dim_axes[name]):
             if a is not None and t.shape[d] is None and (
-                    static_extent[a] is not None or sources[a] > 1):
+                    static_extent[a] is not None or len(sources[a]) > 1):
                 out.append((i, a))
     return out
 

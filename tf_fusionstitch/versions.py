@@ -13,7 +13,8 @@ that assumes nothing always does).
 A size is named by (leaf, axis): the leaf's position among the call's
 arguments flattened (tf.nest, composites expanded), and its axis. The
 versions are keyed by the pairs among the *wanted* ones (those whose
-equality some trace found would decide a gradient) that hold on the call:
+equality some trace found would decide a gradient, or that reach a loop
+together: rewriters/decided_shapes.py) that hold on the call:
   - the first call's version may assume every pair of the call's sizes
     that are equal; its trace narrows that to the pairs it relied on (its
     guard) and reports the wanted pairs;

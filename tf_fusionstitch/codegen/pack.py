@@ -133,9 +133,7 @@ def _join(cluster: ir.Cluster, a: ir.Part, b: ir.Part) -> ir.Part:
     names = {op.name for op in a.cluster.ops + b.cluster.ops}
     ins = tuple(sorted(set(a.inputs) | set(b.inputs)))
     outs = tuple(sorted(set(a.outputs) | set(b.outputs)))
-    sub = ir.Cluster(tuple(cluster.inputs[i] for i in ins),
-                     tuple(op for op in cluster.ops if op.name in names),
-                     tuple(cluster.outputs[j] for j in outs))
+    sub = cluster.subset(ins, [op for op in cluster.ops if op.name in names], outs)
     return ir.Part(sub, ins, outs)
 
 
