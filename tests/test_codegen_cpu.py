@@ -273,6 +273,27 @@ VECTORISED = {
 }
 
 
+def test_work_estimate_keeps_small_kernels_on_one_thread():
+    """TF's thread pool (Eigen's cost model) runs work below about 2e5 cost
+    units on the calling thread, as it does its own small ops: a recurrent
+    cell's backward kernel, 40 light ops over ten 128 x 36 inputs, stays
+    there (handing it to another thread cost more than the kernel in
+    DIEN's loops); the same kernel over 4096 times the rows is spread."""
+    full = T("float32", (N, 36))
+    inputs = tuple((f"x{i}", full) for i in range(10))
+    ops, value = [], "x0"
+    for k in range(40):
+        ops.append(op(f"v{k}", "mul" if k % 2 else "add", [value, f"x{k % 10}"], full))
+        value = f"v{k}"
+    c = ir.Cluster(inputs, tuple(ops), tuple(f"v{k}" for k in range(30, 40)),
+                   equal_dims=(tuple((f"x{i}", 0) for i in sorted(range(10), key=str)),))
+    runner = CpuKernel(build_cpu_kernel(c).path)
+    _, _, work = runner.shape_call([(128, 36)] * 10)
+    assert work[0] * work[1] < 200_000
+    _, _, work = runner.shape_call([(128 * 4096, 36)] * 10)
+    assert work[0] * work[1] > 100_000_000
+
+
 @pytest.mark.parametrize("name", sorted(VECTORISED))
 def test_every_column_loop_is_vectorised(name, tmp_path):
     """A scalar column loop is a silent 4-16x loss: GCC refuses to vectorise

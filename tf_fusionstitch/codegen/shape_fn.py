@@ -12,10 +12,37 @@ from __future__ import annotations
 from typing import List
 
 from tf_fusionstitch.codegen import kernel_ir as k
-from tf_fusionstitch.fusion_ir import DTYPE_CODES
+from tf_fusionstitch.fusion_ir import DTYPE_BYTES, DTYPE_CODES, EXPENSIVE
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE, Schedule, UnsupportedCluster
 
 ABI_VERSION = 2  # docs/KERNEL_ABI.md; the op and runtime/cpu_kernel.py check it
+
+
+# Work item costs are in the unit of TensorFlow's thread pool (Eigen's cost
+# model: about a CPU cycle): it runs a kernel on one thread below about 1e5
+# in all, as it does its own ops. Per column element, in 1/COST_SCALE units:
+# moving a byte costs 11/64 cycle (Eigen's load and store cost), a vectorised
+# light op 1/8 cycle (a lane of an 8-wide vector), an expensive one (exp,
+# tanh, division, ...) about 2.5 cycles; copies cost nothing.
+COST_SCALE = 64
+_BYTE_COST = 11
+_LIGHT_COST = 8
+_EXPENSIVE_COST = 160
+_FREE = ("reshape", "broadcast_to", "const")
+
+
+def element_cost(kernel: k.Kernel) -> int:
+    """The estimated cost of one column element of a work item, in 1/COST_SCALE."""
+    cost = 0
+    for stmt in [s for loop in kernel.loops for s in loop] + \
+            [a for accs in kernel.accumulators for a in accs]:
+        if isinstance(stmt, (k.Load, k.Store, k.BufLoad, k.BufStore)):
+            cost += _BYTE_COST * DTYPE_BYTES[stmt.dtype]
+        elif isinstance(stmt, k.Compute) and stmt.prim not in _FREE:
+            cost += _EXPENSIVE_COST if stmt.prim in EXPENSIVE else _LIGHT_COST
+        elif isinstance(stmt, k.Accumulate):
+            cost += _LIGHT_COST
+    return max(cost, 1)
 
 
 def num_ext(s: Schedule) -> int:
@@ -124,7 +151,7 @@ def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str, symbol: str = "fs
     else:
         lines.append("  const int64_t per_item = n_cols;")
         lines.append(f"  work[0] = {rows};")
-    stmts = sum(len(loop) for loop in kernel.loops) + sum(len(a) for a in kernel.accumulators)
-    lines.append(f"  work[1] = 16 + per_item * {max(stmts, 1)};")
+    per_row = 16 + sum(len(seg) for seg in kernel.segments)
+    lines.append(f"  work[1] = {per_row} + per_item * {element_cost(kernel)} / {COST_SCALE};")
     lines += ["  (void)in_dims; (void)msg; (void)err; (void)errlen;", "  return 0;", "}"]
     return "\n".join(lines)
