@@ -73,6 +73,8 @@ class Context:
     functions the graph calls (dim_origins.py, call_dims.py)."""
     arg_facts: Optional[Dict[str, Facts]] = None
     calls: Optional[object] = None      # call_dims.CallDims
+    # A loop body's return values: what the next iteration reads.
+    carried: frozenset = frozenset()
 
     def origins(self, view: GraphView, fetches: Set[Tensor],
                 equal_inputs: Set["InputPair"] = frozenset()) -> DimOrigins:

@@ -62,7 +62,7 @@ class FunctionReport:
         return bool(self.new_name)
 
 
-# run_pass(body graph_def, types, fetches, arg_facts=) -> PassResult
+# run_pass(body graph_def, types, fetches, arg_facts=, carried=) -> PassResult
 # (fusion_pass.py)
 RunPass = Callable[[object, Dict[Tensor, Optional[ir.TensorType]], Set[Tensor]], object]
 
@@ -199,6 +199,7 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass, functions: Func
                 if len(shapes_of[fname]) == len(shapes):
                     shapes = shapes_of[fname]
                 ret = process(fname, shapes, in_handles, facts_of[fname],
+                              node.op in WHILE_OPS and attr == "body",
                               f"{caller or 'the graph'}/{name}")
                 if attr in ("cond",):
                     continue
@@ -226,7 +227,7 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass, functions: Func
         r.reason = reason
         r.kernels_after, r.fused_clusters = r.kernels_before, 0
 
-    def process(fname, shapes, in_handles, facts, where):
+    def process(fname, shapes, in_handles, facts, loop_body, where):
         fdef = fdefs[fname]
         n = len(fdef.signature.input_arg)
         if len(shapes) != n or len(in_handles) != n or (facts is not None and len(facts) != n):
@@ -234,11 +235,11 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass, functions: Func
                 f"not converted: {where} passes {len(shapes)} inputs, it takes {n}")
             return None
         if fname in seen:
-            if seen[fname] != (shapes, in_handles, facts) and fname in new_defs:
+            if seen[fname] != (shapes, in_handles, facts, loop_body) and fname in new_defs:
                 # Another call with other shapes or facts: keep the original for all.
                 _revert(fname, f"not rewritten: {where} calls it with other input shapes")
             return rets.get(fname)
-        seen[fname] = (shapes, in_handles, facts)
+        seen[fname] = (shapes, in_handles, facts, loop_body)
         order.append(fname)
         report = reports.setdefault(fname, FunctionReport(fname))
         try:
@@ -251,7 +252,8 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass, functions: Func
         result = None
         try:
             arg_facts = None if facts is None else dict(zip(conv.args, facts))
-            result = run_pass(body, body_types, set(conv.fetches), arg_facts=arg_facts)
+            result = run_pass(body, body_types, set(conv.fetches), arg_facts=arg_facts,
+                              carried=conv.rets if loop_body else ())
             results[fname] = result
         except Exception as e:  # noqa: BLE001
             report.reason = f"not rewritten: {type(e).__name__}: {e}"

@@ -86,8 +86,8 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
     library = function_graphs.FunctionGraphs(graph_def.library, graph_def.versions)
     calls = call_dims.CallDims(library) if graph_def.library.function else None
 
-    def run_pass(gd, gd_types, gd_fetches, inputs=None, arg_facts=None):
-        context = decided_shapes.Context(arg_facts, calls)
+    def run_pass(gd, gd_types, gd_fetches, inputs=None, arg_facts=None, carried=frozenset()):
+        context = decided_shapes.Context(arg_facts, calls, frozenset(carried))
         return _fuse_graph(gd, gd_types, gd_fetches, build, min_cluster_ops, fusion,
                            explore_k, explore_beam, pack, costs, costs_source, inputs, context)
 
@@ -157,7 +157,7 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
     else:
         groups = clustering.form_clusters(view, candidates, fetches)
         if pack:
-            groups = packing.pack_clusters(view, groups, fetches)
+            groups = packing.pack_clusters(view, groups, fetches, context.carried)
     lowered: List[LoweredCluster] = []
     for nodes in groups:
         lc = lower_nodes(view, nodes, fetches)

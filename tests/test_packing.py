@@ -196,6 +196,21 @@ class PackingTest(tf.test.TestCase):
                              ["Mul", "Sub"])
             self.assertEqual(kernel.parts, 1)
 
+    def test_a_loop_counter_is_not_packed_behind_the_iteration(self):
+        # The next iteration reads i + 1 at once; packed with the body's
+        # kernel it would wait for the whole iteration.
+        @tf.function(input_signature=[tf.TensorSpec([None, 16])])
+        def f(x):
+            def body(i, h):
+                return i + 1, tf.tanh(h * 0.5 + 1.0) * 2.0 - h
+            return tf.while_loop(lambda i, h: i < 5, body, (0, x))[1]
+
+        opt = self._check(f, random(rng(9), (3, 16), "float32"))
+        kernels = [c for c in opt.report().fused_clusters
+                   if "Tanh" in {t for _, t in c.tf_ops}]
+        self.assertLen(kernels, 1)
+        self.assertEqual(kernels[0].parts, 1, kernels[0].tf_ops)
+
     def test_pack_is_an_option_of_stitch_only(self):
         f = tf.function(lambda x: tf.tanh(x) * 2.0)
         with self.assertRaisesRegex(ValueError, "pack applies only to fusion='stitch'"):
