@@ -27,7 +27,7 @@ from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.report import ClusterReport
 from tf_fusionstitch.rewriters import (call_dims, clustering, decided_shapes, explore,
                                        function_bodies, function_graphs, op_table, packing,
-                                       variable_updates, xla_like)
+                                       slice_gradients, variable_updates, xla_like)
 from tf_fusionstitch.rewriters.clustering import fusible_nodes
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.kernel_count import memory_intensive_kernels
@@ -134,6 +134,9 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
     graph_def, _ = variable_updates.forward_assigned_reads(graph_def, fetches)
     graph_def, types = decided_shapes.fold(graph_def, types, fetches, input_equalities, context)
     assumed = input_equalities.assumed if input_equalities else set()
+    if slice_gradients.candidates(graph_def):
+        graph_def, types, _ = slice_gradients.concat_tiled_slice_gradients(
+            graph_def, types, context.origins(GraphView(graph_def, types), fetches, assumed))
     if fusion == "xla_like":
         graph_def, types = xla_like.expand_softmax(graph_def, types)
     # What is proven of the graph's dynamic sizes: kernels learn which of
