@@ -125,7 +125,7 @@ def graph_def_to_function(gd, original, tensor_map: Dict[Tensor, str], names: Di
     return fdef
 
 
-def _check(fdef, library) -> None:
+def check_function(fdef, library) -> None:
     """Builds a graph from the rewritten FunctionDef, as TF will when it runs
     it: every node's inputs resolve and shape inference accepts it."""
     from tensorflow.python.framework import function_def_to_graph
@@ -272,7 +272,7 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass, functions: Func
             return rets[fname]
         try:
             new = graph_def_to_function(result.graph_def, fdef, result.tensor_map, conv.names)
-            _check(new, library)
+            check_function(new, library)
         except Exception as e:  # noqa: BLE001
             report.reason = f"not rewritten: {type(e).__name__}: {e}"
             return rets[fname]

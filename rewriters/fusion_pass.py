@@ -26,8 +26,9 @@ from typing import Callable, Dict, List, Optional, Set
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.report import ClusterReport
 from tf_fusionstitch.rewriters import (call_dims, clustering, decided_shapes, explore,
-                                       function_bodies, function_graphs, op_table, packing,
-                                       slice_gradients, variable_updates, xla_like)
+                                       function_bodies, function_graphs, loop_gradients,
+                                       op_table, packing, slice_gradients, variable_updates,
+                                       xla_like)
 from tf_fusionstitch.rewriters.clustering import fusible_nodes
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.kernel_count import memory_intensive_kernels
@@ -83,6 +84,13 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
     if fusion not in FUSION_STRATEGIES:
         raise ValueError(f"fusion={fusion!r}: expected one of {', '.join(FUSION_STRATEGIES)}")
 
+    before = memory_intensive_kernels(graph_def)   # the graph TF would run
+    moved = None
+    if graph_def.library.function:
+        try:
+            graph_def, types, moved = loop_gradients.sum_after_loops(graph_def, types, fetches)
+        except Exception as e:  # noqa: BLE001  (never worse than not using it)
+            moved = f"{type(e).__name__}: {e}"
     library = function_graphs.FunctionGraphs(graph_def.library, graph_def.versions)
     calls = call_dims.CallDims(library) if graph_def.library.function else None
 
@@ -94,6 +102,11 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
     # A function body's inputs are its caller's values, which no guard
     # checks: only what the caller proves of them (call_facts) holds there.
     result = run_pass(graph_def, types, fetches, input_equalities)
+    result.kernels_before = before
+    if isinstance(moved, str):
+        result.clusters.append(ClusterReport(
+            "loop gradients", [], False, reason=f"weight gradients not summed after their "
+                                               f"loops: {moved}"))
     if not graph_def.library.function:
         return result
     try:
