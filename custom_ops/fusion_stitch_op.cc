@@ -45,6 +45,9 @@ using ShapeFn = int (*)(const int64_t* in_dims, int64_t* out_dims, int64_t* ext,
                         int64_t* work, char* err, int64_t errlen);
 using RunFn = void (*)(int64_t begin, int64_t end, const int64_t* ext,
                        void* const* bufs);
+// Optional: validates the inputs' values (a segment sum's ids) before fs_run.
+using CheckFn = int (*)(const int64_t* ext, void* const* in_bufs, char* err,
+                        int64_t errlen);
 
 // A registered kernel, with fs_meta decoded once. Never unloaded: op kernels
 // hold pointers into it for the life of the process.
@@ -53,6 +56,7 @@ struct LoadedKernel {
   std::string so_path;
   ShapeFn shape = nullptr;
   RunFn run = nullptr;
+  CheckFn check = nullptr;   // absent in most kernels
   int n_in = 0;
   int n_out = 0;
   int n_ext = 0;
@@ -176,6 +180,7 @@ int Register(const char* key, const char* so_path, const char* spec) {
   auto* meta = static_cast<const int64_t*>(dlsym(handle, "fs_meta"));
   kernel->shape = reinterpret_cast<ShapeFn>(dlsym(handle, "fs_shape"));
   kernel->run = reinterpret_cast<RunFn>(dlsym(handle, "fs_run"));
+  kernel->check = reinterpret_cast<CheckFn>(dlsym(handle, "fs_check_inputs"));
   std::string error;
   if (meta == nullptr || kernel->shape == nullptr || kernel->run == nullptr) {
     error = "does not export fs_meta, fs_shape and fs_run (they need "
@@ -331,6 +336,13 @@ class FusionStitchOp : public OpKernel {
     std::vector<void*> bufs(k.n_in + k.n_out, nullptr);
     for (int i = 0; i < k.n_in; ++i) {
       bufs[i] = const_cast<char*>(ctx->input(i).tensor_data().data());
+    }
+    if (k.check != nullptr) {   // before any output exists, as TF's own kernel fails
+      const int bad = k.check(ext.data(), bufs.data(), err, fusion_stitch::kErrLen);
+      err[fusion_stitch::kErrLen - 1] = '\0';
+      OP_REQUIRES(ctx, bad == 0,
+                  errors::InvalidArgument("FusionStitch node ", name(), ": ",
+                                          err[0] ? err : "the kernel rejected its inputs"));
     }
     const int64_t* dims = out_dims.data();
     for (int i = 0; i < k.n_out; ++i) {

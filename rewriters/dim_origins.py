@@ -440,6 +440,12 @@ def _dims_rule(origins: DimOrigins, node, inputs, port: int, rank: int):
         return dims[0][:axis] + [len(dims)] + dims[0][axis:]
     if op == "StridedSlice":
         return _sliced_dims(origins, node, inputs, dims[0])
+    if op == "UnsortedSegmentSum":   # the ids run along the data's leading axes, or it raises
+        data, ids = dims[0], dims[1]
+        for a, b in zip(data, ids):
+            origins.unify(a, b)
+        n = origins.value(inputs[2])
+        return [n[0] if n else None] + list(data[len(ids):])
     if op in ("Split", "SplitV"):    # the split axis is TF's static size, the others kept
         value, axis_input = (inputs[1], inputs[0]) if op == "Split" else (inputs[0], inputs[2])
         x = list(origins.dims(value))

@@ -61,8 +61,11 @@ class PassResult:
     call_facts: Dict[str, Dict[str, tuple]] = dataclasses.field(default_factory=dict)
 
 
-def _prims(c: ir.Cluster) -> int:
-    return sum(op.prim not in ir.SHAPE_ONLY + ir.CONSTANT for op in c.ops)
+def _worth_a_kernel(c: ir.Cluster, min_cluster_ops: int) -> bool:
+    """Enough primitives to gain by fusing them; a segment sum alone gains
+    too (its kernel is faster than TF's, codegen/scatter.py)."""
+    prims = sum(op.prim not in ir.SHAPE_ONLY + ir.CONSTANT for op in c.ops)
+    return prims >= min_cluster_ops or any(op.prim in ir.SCATTER for op in c.ops)
 
 
 def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
@@ -177,7 +180,7 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
     lowered: List[LoweredCluster] = []
     for nodes in groups:
         lc = lower_nodes(view, nodes, fetches)
-        if _prims(lc.cluster) >= min_cluster_ops:
+        if _worth_a_kernel(lc.cluster, min_cluster_ops):
             lowered.append(lc)
 
     start = time.perf_counter()

@@ -17,6 +17,7 @@ import numpy as np
 from tf_fusionstitch import fusion_ir as ir
 
 ELEMENTWISE, REDUCTION, COMPOSITE, SHAPE = "elementwise", "reduction", "composite", "shape"
+SCATTER = "scatter"
 
 
 class NotFusible(ValueError):
@@ -380,6 +381,16 @@ def _bias_add_grad(ctx):
     return [ctx.emit("reduce_sum", [g], ctx.out_type(0), axes=axes, keep_dims=False)]
 
 
+def _segment_sum(ctx):
+    """An embedding gradient's dense form: rows added into the segments their
+    ids name (a kernel of its own kind, codegen/scatter.py)."""
+    data, ids = ctx.input(0), ctx.input(1)
+    if ctx.type_of(ids).rank != 1:
+        raise NotFusible("segment ids of rank other than 1")
+    n = np.asarray(ctx.constant(2)).reshape(-1)
+    return [ctx.emit("segment_sum", [data, ids], ctx.out_type(0), num_segments=int(n[0]))]
+
+
 def _identity(ctx):
     x = ctx.input(0)
     t = ctx.type_of(x)
@@ -454,10 +465,11 @@ OP_TABLE: Dict[str, OpRule] = {
     "ExpandDims": OpRule(SHAPE, _reshape_to_output, static_inputs=(1,)),
     "Squeeze": OpRule(SHAPE, _reshape_to_output),
     "BroadcastTo": OpRule(SHAPE, _broadcast_to, static_inputs=(1,)),
+    "UnsortedSegmentSum": OpRule(SCATTER, _segment_sum, static_inputs=(2,)),
 }
 
 # TF ops that run as one memory-intensive kernel each (the paper's count).
-MEMORY_INTENSIVE_KINDS = (ELEMENTWISE, REDUCTION, COMPOSITE)
+MEMORY_INTENSIVE_KINDS = (ELEMENTWISE, REDUCTION, COMPOSITE, SCATTER)
 
 
 def is_memory_intensive(op_type: str) -> bool:

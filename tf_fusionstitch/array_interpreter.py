@@ -15,6 +15,7 @@ from typing import Callable
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.runtime.cpu_kernel import as_dtype
+from tf_fusionstitch.codegen import scatter
 from tf_fusionstitch.schedule import build_schedule
 
 _SELU_ALPHA = 1.6732632423543772848170429916717
@@ -82,7 +83,10 @@ def interpret(cluster: ir.Cluster, xp, special=None) -> Callable[..., tuple]:
     if special is None:
         special = numpy_special(xp) if xp.__name__ == "numpy" else _jax_special()
     unary, binary = _unary(xp, special), _binary(xp)
-    axes_of = build_schedule(cluster).dim_axes
+    if scatter.is_scatter(cluster):   # the rows' alignment; the sums have their own
+        axes_of = build_schedule(scatter.scatter_form(cluster).rows).dim_axes
+    else:
+        axes_of = build_schedule(cluster).dim_axes
     compute = {d: ("float32" if d in ("float16", "bfloat16") else d) for d in ir.DTYPES}
     types_ = cluster.types()
     storage = {d: d for d in ir.DTYPES}
@@ -100,7 +104,7 @@ def interpret(cluster: ir.Cluster, xp, special=None) -> Callable[..., tuple]:
             raise ValueError(f"the cluster takes {len(cluster.inputs)} inputs, got {len(arrays)}")
         extent = {}
         for (name, _), a in zip(cluster.inputs, arrays):
-            for axis, n in zip(axes_of[name], a.shape):
+            for axis, n in zip(axes_of.get(name, ()), a.shape):
                 if axis is not None:
                     extent[axis] = n
         values = {name: a.astype(compute[t.dtype]) for (name, t), a in
@@ -120,6 +124,8 @@ def interpret(cluster: ir.Cluster, xp, special=None) -> Callable[..., tuple]:
                 out = binary[op.prim](*args)
             elif op.prim == "select":
                 out = xp.where(*args)
+            elif op.prim == "segment_sum":
+                out = _segment_sum(xp, args[0], values[op.inputs[1]], attrs["num_segments"])
             elif op.prim in ir.REDUCE:
                 rank = len(types_[op.inputs[0]].shape)
                 axes = tuple(sorted(a % rank for a in attrs["axes"]))
@@ -134,6 +140,20 @@ def interpret(cluster: ir.Cluster, xp, special=None) -> Callable[..., tuple]:
         return tuple(values[o].astype(storage[types_[o].dtype]) for o in cluster.outputs)
 
     return run
+
+
+def _segment_sum(xp, data, ids, n: int):
+    """TF's UnsortedSegmentSum: rows with negative ids are dropped, ids past
+    the last segment are an error; rows add in order."""
+    ids = xp.asarray(ids).astype("int64")
+    if bool((ids >= n).any()):
+        raise ValueError(f"segment ids out of range [0, {n})")
+    out = xp.zeros((n,) + tuple(data.shape[1:]), dtype=data.dtype)
+    keep = ids >= 0
+    if xp.__name__ == "numpy":
+        xp.add.at(out, ids[keep], data[keep])
+        return out
+    return out.at[xp.where(keep, ids, n)].add(data, mode="drop")
 
 
 def _jax_special():

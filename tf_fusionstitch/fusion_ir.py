@@ -48,9 +48,13 @@ REDUCE = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"
           "reduce_any", "reduce_all")
 SHAPE_ONLY = ("reshape", "broadcast_to")
 CONSTANT = ("const",)
-PRIMITIVES = UNARY + BINARY + TERNARY + REDUCE + SHAPE_ONLY + CONSTANT
+# segment_sum(data, ids): out[s] = sum of data[i] over the rows i with ids[i] == s
+# (TF's UnsortedSegmentSum); a cluster with one has a kernel of its own
+# (codegen/scatter.py).
+SCATTER = ("segment_sum",)
+PRIMITIVES = UNARY + BINARY + TERNARY + REDUCE + SHAPE_ONLY + CONSTANT + SCATTER
 # Inputs each primitive takes.
-_ARITY = {**{p: 1 for p in UNARY + REDUCE + SHAPE_ONLY}, **{p: 2 for p in BINARY},
+_ARITY = {**{p: 1 for p in UNARY + REDUCE + SHAPE_ONLY}, **{p: 2 for p in BINARY + SCATTER},
           **{p: 3 for p in TERNARY}, "const": 0}
 
 # Expensive elementwise ops (PAPERS.md op classes): worth buffering rather than
@@ -311,7 +315,7 @@ def infer_type(op: Op, ins: Sequence[TensorType]) -> TensorType:
     arity = _ARITY[op.prim]
     _expect(len(ins) == arity, f"op {op.name}: {op.prim} takes {arity} inputs, got {len(ins)}")
     p = op.prim
-    allowed = {"axes", "keep_dims", "shape", "value"}
+    allowed = {"axes", "keep_dims", "shape", "value", "num_segments"}
     for k, _ in op.attrs:
         _expect(k in allowed, f"op {op.name}: unknown attribute {k!r:.40}")
     if p == "const":
@@ -349,6 +353,18 @@ def infer_type(op: Op, ins: Sequence[TensorType]) -> TensorType:
         else:
             shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
         return TensorType(x.dtype, shape)
+    if p == "segment_sum":
+        data, ids = ins
+        n = op.attr("num_segments")
+        _expect(type(n) is int and 0 <= n < 2**62,
+                f"op {op.name}: num_segments must be a non-negative int")
+        _expect(ids.dtype in INT_DTYPES and ids.rank == 1,
+                f"op {op.name}: segment ids must be a vector of int32 or int64")
+        _expect(data.rank >= 1 and data.dtype != "bool", f"op {op.name}: segment_sum of "
+                f"{data.dtype}{list(data.shape)}: a numeric tensor of rank >= 1 is summed")
+        _expect(data.shape[0] is None or ids.shape[0] is None or data.shape[0] == ids.shape[0],
+                f"op {op.name}: {ids.shape[0]} segment ids for {data.shape[0]} rows")
+        return TensorType(data.dtype, (n,) + tuple(data.shape[1:]))
     if p in SHAPE_ONLY:
         (x,) = ins
         target = op.attr("shape")

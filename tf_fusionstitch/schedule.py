@@ -238,6 +238,9 @@ def _largest_values_first(cluster: ir.Cluster) -> List[str]:
 
 
 def build_schedule(cluster: ir.Cluster) -> Schedule:
+    if any(op.prim in ir.SCATTER for op in cluster.ops):
+        raise UnsupportedCluster("segment sums have a kernel of their own (codegen/scatter.py), "
+                                 "on the CPU only")
     types = cluster.types()
     raw_dims, reduced_classes = _unify_dims(cluster)
     ordered_names = _largest_values_first(cluster)

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Optional
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.codegen import gpu_printer, kernel_ir, pack, printer, shape_fn
+from tf_fusionstitch.codegen import gpu_printer, kernel_ir, pack, printer, scatter, shape_fn
 from tf_fusionstitch.gpu_schedule import GpuPlan, plan_gpu
 from tf_fusionstitch.schedule import Schedule, build_schedule
 
@@ -31,6 +31,10 @@ def generate_cpp(cluster: ir.Cluster) -> GeneratedKernel:
     """Validates the cluster and prints its C++ kernel (docs/KERNEL_ABI.md);
     a cluster of unconnected parts becomes a packed kernel (codegen/pack.py)."""
     cluster.validate()
+    if scatter.is_scatter(cluster):   # segment sums: a kernel of their own
+        form = scatter.scatter_form(cluster)
+        return GeneratedKernel(scatter.generate_scatter_cpp(cluster),
+                               (build_schedule(form.rows),))
     parts = ir.connected_parts(cluster)
     if len(parts) > 1:
         return GeneratedKernel(*pack.generate_packed_cpp(cluster, parts))

@@ -242,6 +242,59 @@ def _literal(value, dtype: str, limits: str = "std::numeric_limits") -> str:
     return f"({t}){value!r}"
 
 
+def expression(st: k.Compute, target: Target, cast_fn=None) -> str:
+    """The expression of one compute statement for `target`; `cast_fn`
+    prints casts (default: `cast`)."""
+    cls = operand_class(st.arg_dtype)
+    if st.prim == "const":
+        return _literal(dict(st.attrs)["value"], st.dtype, target.limits)
+    if st.prim == "cast":
+        return (cast_fn or cast)(st.args[0], st.arg_dtype, st.dtype)
+    if st.prim in ir.REDUCE or st.prim in ir.SHAPE_ONLY:
+        return st.args[0]  # reduce over size-1 dims, reshape, broadcast: identity
+    tmpl = _EXPR[st.prim]
+    if isinstance(tmpl, dict):
+        tmpl = tmpl["float" if cls in ("f32", "f64") else "int"]
+    fn_col = 1 if cls == "f64" else 0
+    out = tmpl
+    for name, pair in target.math.items():
+        out = out.replace("{m:%s}" % name, pair[fn_col])
+    out = out.replace("{T}", COMPUTE[st.arg_dtype])
+    return out.format(*st.args)
+
+
+def cast(src: str, frm: str, to: str) -> str:
+    if frm in ("float16", "bfloat16") and frm != to:
+        # A 16-bit value computed here is a float32; TF would have stored
+        # (rounded) it in its type before the cast: round it first.
+        src = cast(src, "float32", frm)
+    if to == "bool":
+        return f"({src} != 0)"
+    if to == "float16":  # round as TensorFlow would, then compute in float
+        return f"static_cast<float>(static_cast<_Float16>({src}))"
+    if to == "bfloat16":
+        return f"fs_bf16_to_f32(fs_f32_to_bf16(static_cast<float>({src})))"
+    return f"static_cast<{COMPUTE[to]}>({src})"
+
+
+def load_value(raw: str, dtype: str) -> str:
+    """A stored element (`raw`, e.g. t0[i]) as its compute type."""
+    if dtype == "bfloat16":
+        return f"fs_bf16_to_f32({raw})"
+    if dtype == "float16":
+        return f"static_cast<float>({raw})"
+    return raw
+
+
+def store_value(src: str, dtype: str) -> str:
+    """A computed value in its storage type."""
+    if dtype == "bfloat16":
+        return f"fs_f32_to_bf16({src})"
+    if dtype == "float16":
+        return f"static_cast<_Float16>({src})"
+    return src
+
+
 class _Printer:
     def __init__(self, kernel: k.Kernel, target: Target, symbol: str = "fs_run",
                  linkage: str = ""):
@@ -267,51 +320,22 @@ class _Printer:
 
     # -- expressions -------------------------------------------------------
     def expr(self, st: k.Compute) -> str:
-        cls = operand_class(st.arg_dtype)
-        if st.prim == "const":
-            return _literal(dict(st.attrs)["value"], st.dtype, self.t.limits)
-        if st.prim == "cast":
-            return self.cast(st.args[0], st.arg_dtype, st.dtype)
-        if st.prim in ir.REDUCE or st.prim in ir.SHAPE_ONLY:
-            return st.args[0]  # reduce over size-1 dims, reshape, broadcast: identity
-        tmpl = _EXPR[st.prim]
-        if isinstance(tmpl, dict):
-            tmpl = tmpl["float" if cls in ("f32", "f64") else "int"]
-        fn_col = 1 if cls == "f64" else 0
-        out = tmpl
-        for name, pair in self.t.math.items():
-            out = out.replace("{m:%s}" % name, pair[fn_col])
-        out = out.replace("{T}", COMPUTE[st.arg_dtype])
-        return out.format(*st.args)
+        return expression(st, self.t, self.cast)
 
     def cast(self, src: str, frm: str, to: str) -> str:
+        """A cast in the compute types (the CUDA printer rounds float16 its own way)."""
         if frm in ("float16", "bfloat16") and frm != to:
             # A 16-bit value computed here is a float32; TF would have stored
             # (rounded) it in its type before the cast: round it first.
             src = self.cast(src, "float32", frm)
-        if to == "bool":
-            return f"({src} != 0)"
-        if to == "float16":  # round as TensorFlow would, then compute in float
-            return f"static_cast<float>(static_cast<_Float16>({src}))"
-        if to == "bfloat16":
-            return f"fs_bf16_to_f32(fs_f32_to_bf16(static_cast<float>({src})))"
-        return f"static_cast<{COMPUTE[to]}>({src})"
+        return cast(src, frm if frm not in ("float16", "bfloat16") else "float32", to)
 
     def load(self, tensor: int, dtype: str, index: str) -> str:
-        raw = f"t{tensor}[{index}]"
-        if dtype == "bfloat16":
-            return f"fs_bf16_to_f32({raw})"
-        if dtype == "float16":
-            return f"static_cast<float>({raw})"
-        return raw
+        return load_value(f"t{tensor}[{index}]", dtype)
 
     @staticmethod
     def store_value(src: str, dtype: str) -> str:
-        if dtype == "bfloat16":
-            return f"fs_f32_to_bf16({src})"
-        if dtype == "float16":
-            return f"static_cast<_Float16>({src})"
-        return src
+        return store_value(src, dtype)
 
     # -- indexing ----------------------------------------------------------
     def index(self, tensor: int, in_loop: bool) -> str:

@@ -25,19 +25,19 @@ ABI_VERSION = 2  # docs/KERNEL_ABI.md; the op and runtime/cpu_kernel.py check it
 # light op 1/8 cycle (a lane of an 8-wide vector), an expensive one (exp,
 # tanh, division, ...) about 2.5 cycles; copies cost nothing.
 COST_SCALE = 64
-_BYTE_COST = 11
+BYTE_COST = 11
 _LIGHT_COST = 8
 _EXPENSIVE_COST = 160
 _FREE = ("reshape", "broadcast_to", "const")
 
 
-def element_cost(kernel: k.Kernel) -> int:
-    """The estimated cost of one column element of a work item, in 1/COST_SCALE."""
+def element_cost(statements) -> int:
+    """The estimated cost of one column element of a work item (the column
+    loops' statements), in 1/COST_SCALE."""
     cost = 0
-    for stmt in [s for loop in kernel.loops for s in loop] + \
-            [a for accs in kernel.accumulators for a in accs]:
+    for stmt in statements:
         if isinstance(stmt, (k.Load, k.Store, k.BufLoad, k.BufStore)):
-            cost += _BYTE_COST * DTYPE_BYTES[stmt.dtype]
+            cost += BYTE_COST * DTYPE_BYTES[stmt.dtype]
         elif isinstance(stmt, k.Compute) and stmt.prim not in _FREE:
             cost += _EXPENSIVE_COST if stmt.prim in EXPENSIVE else _LIGHT_COST
         elif isinstance(stmt, k.Accumulate):
@@ -152,6 +152,8 @@ def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str, symbol: str = "fs
         lines.append("  const int64_t per_item = n_cols;")
         lines.append(f"  work[0] = {rows};")
     per_row = 16 + sum(len(seg) for seg in kernel.segments)
-    lines.append(f"  work[1] = {per_row} + per_item * {element_cost(kernel)} / {COST_SCALE};")
+    column = [s for loop in kernel.loops for s in loop] + \
+        [a for accs in kernel.accumulators for a in accs]
+    lines.append(f"  work[1] = {per_row} + per_item * {element_cost(column)} / {COST_SCALE};")
     lines += ["  (void)in_dims; (void)msg; (void)err; (void)errlen;", "  return 0;", "}"]
     return "\n".join(lines)

@@ -31,6 +31,10 @@ class KernelLoadError(RuntimeError):
     """The shared object is not a loadable kernel of this ABI."""
 
 
+class KernelInputError(ValueError):
+    """fs_check_inputs refused the inputs' values (TF's InvalidArgument)."""
+
+
 class KernelShapeError(ValueError):
     """The kernel's shape function rejected the inputs (or their ranks are wrong)."""
 
@@ -89,6 +93,11 @@ class CpuKernel:
         self._run.restype = None
         self._run.argtypes = [ctypes.c_int64, ctypes.c_int64, _I64P,
                               ctypes.POINTER(ctypes.c_void_p)]
+        self._check = getattr(self._lib, "fs_check_inputs", None)   # optional
+        if self._check is not None:
+            self._check.restype = ctypes.c_int
+            self._check.argtypes = [_I64P, ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p,
+                                    ctypes.c_int64]
         self.out_dtypes = self._dtypes("output", self.meta.out_dtypes, out_dtypes)
         self.in_dtypes = self._dtypes("input", self.meta.in_dtypes, in_dtypes)
 
@@ -128,6 +137,12 @@ class CpuKernel:
         arrays = self._check_inputs(inputs)
         meta = self.meta
         out_shapes, ext, work = self.shape_call([a.shape for a in arrays])
+        if self._check is not None:   # the inputs' values, before anything is written
+            in_bufs = (ctypes.c_void_p * max(1, len(arrays)))(*[a.ctypes.data for a in arrays])
+            err = ctypes.create_string_buffer(_ERR_LEN)
+            if self._check(ext, in_bufs, err, _ERR_LEN) != 0:
+                raise KernelInputError(err.value.decode("utf-8", errors="replace")
+                                       or "(no message)")
         outputs = [_aligned_empty(shape, dtype)
                    for shape, dtype in zip(out_shapes, self.out_dtypes)]
         if forward:
