@@ -147,6 +147,39 @@ def creates_cycle(view: GraphView, nodes: Set[str], owner: Dict[str, str],
     return False
 
 
+class Reachability:
+    """The graph's transitive closure (data and control edges) as bit sets
+    over view.position: whether a set of nodes would close a cycle, in time
+    proportional to the set (creates_cycle with no clusters formed yet, for
+    a search that checks tens of thousands of candidate sets)."""
+
+    def __init__(self, view: GraphView):
+        self._position = position = view.position
+        self._below = [0] * len(view.order)   # descendants
+        self._above = [0] * len(view.order)   # ancestors
+        for name in reversed(view.order):
+            bits = 0
+            for c in view.consumers[name]:
+                bits |= self._below[position[c]] | (1 << position[c])
+            self._below[position[name]] = bits
+        for name in view.order:
+            bits = 0
+            for src in {s for s, _ in view.data_inputs[name]} | set(view.control_inputs[name]):
+                bits |= self._above[position[src]] | (1 << position[src])
+            self._above[position[name]] = bits
+
+    def creates_cycle(self, nodes) -> bool:
+        """Whether a path leaves `nodes` and comes back: some node outside
+        them is both reached from them and reaches them."""
+        inside = below = above = 0
+        for n in nodes:
+            i = self._position[n]
+            inside |= 1 << i
+            below |= self._below[i]
+            above |= self._above[i]
+        return bool(below & above & ~inside)
+
+
 def cluster_spans(members: Dict[str, List[str]],
                   position: Dict[str, int]) -> List[Tuple[int, int, str]]:
     """creates_cycle's `spans`: each cluster's (first, last position, name), sorted."""

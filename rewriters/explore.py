@@ -56,7 +56,8 @@ from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.rewriters import cpu_costs, op_table
-from tf_fusionstitch.rewriters.clustering import LOWERING_ERRORS, cpu_schedule, creates_cycle
+from tf_fusionstitch.rewriters.clustering import (LOWERING_ERRORS, Reachability, cpu_schedule,
+                                                  creates_cycle)
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.lowering import lower_nodes
 
@@ -98,6 +99,7 @@ class _Explorer:
         self._compute_alone: Dict[str, float] = {}    # an op's compute, from its own lowering
         self._launches = {n: int(op_table.is_memory_intensive(view.nodes[n].op))
                           for n in candidates}
+        self._reach = Reachability(view)   # a pattern's own cycle check
 
     # -- delta evaluator -------------------------------------------------------
 
@@ -176,8 +178,7 @@ class _Explorer:
         if nodes not in self._cache:
             self.stats.patterns_checked += 1
             verdict = None
-            if len(nodes) == 1 or not creates_cycle(self.view, set(nodes), {}, {},
-                                                      self.view.position):
+            if len(nodes) == 1 or not self._reach.creates_cycle(nodes):
                 try:
                     lowered = lower_nodes(self.view, sorted(nodes, key=self.view.position.get),
                                           self.fetches)

@@ -18,7 +18,7 @@ from tensorflow.core.framework import graph_pb2
 import tf_fusionstitch as fs
 from optimize_testlib import (EPS, assert_same, assert_train_steps_match, fusion_stitch_nodes,
                               quiet_call, random, rng, to_numpy)
-from tf_fusionstitch.rewriters.clustering import creates_cycle
+from tf_fusionstitch.rewriters.clustering import Reachability, creates_cycle
 from tf_fusionstitch.rewriters.graph_view import GraphView
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -349,6 +349,28 @@ class CycleCheckTest(tf.test.TestCase):
                                                        view.position)
         self.assertEqual(disagreements, 0)
         self.assertGreater(cycles, 20)  # the cases exercise both verdicts
+
+
+    def test_bit_set_closure_agrees_with_the_walk(self):
+        """Reachability (the transitive closure the search checks patterns
+        with) gives creates_cycle's verdict with no clusters formed."""
+        gen = np.random.default_rng(9901)
+        disagreements, cycles = 0, 0
+        for _ in range(40):
+            gd = graph_pb2.GraphDef()
+            for i in range(30):
+                node = gd.node.add(name=f"n{i}", op="NoOp")
+                for j in gen.choice(i, size=min(i, int(gen.integers(0, 3))), replace=False):
+                    node.input.append(f"^n{j}" if gen.random() < 0.3 else f"n{j}")
+            view = GraphView(gd, {})
+            reach = Reachability(view)
+            for _ in range(10):
+                nodes = set(gen.choice(view.order, size=int(gen.integers(1, 5)), replace=False))
+                walk = creates_cycle(view, nodes, {}, {})
+                cycles += walk
+                disagreements += walk != reach.creates_cycle(nodes)
+        self.assertEqual(disagreements, 0)
+        self.assertGreater(cycles, 20)
 
 
 class ReferenceModelTest(tf.test.TestCase):
