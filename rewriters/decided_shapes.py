@@ -42,11 +42,11 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import graph_pb2, types_pb2
+from tensorflow.core.framework import types_pb2
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.rewriters.dim_origins import Dim, DimOrigins, Facts, InputDim, monomial
-from tf_fusionstitch.rewriters.graph_view import (GraphView, Tensor, fresh_name,
+from tf_fusionstitch.rewriters.graph_view import (GraphView, Tensor, edited_copy, fresh_name,
                                                   parse_input)
 
 
@@ -236,7 +236,7 @@ def fold_broadcast_gradients(graph_def, types: Dict[Tensor, Optional[ir.TensorTy
         keep = node.attr["keep_dims"].b
         shape = [1 if a in axes else d for a, d in enumerate(g.shape) if keep or a not in axes]
         types[(node.name, 0)] = ir.TensorType(g.dtype, tuple(shape))
-    return _edited(graph_def, decided, edit), types, len(decided)
+    return edited_copy(graph_def, decided, edit), types, len(decided)
 
 
 def fold_reshapes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
@@ -280,7 +280,7 @@ def fold_reshapes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
         new.input[1] = _int32_const(out, f"{node.name}/fs_shape", target, node.device, taken,
                                     types)
         new.attr["Tshape"].type = types_pb2.DT_INT32
-    return _edited(graph_def, decided, edit), types, len(decided)
+    return edited_copy(graph_def, decided, edit), types, len(decided)
 
 
 # Int ops on shapes whose value, once every component is static, is a constant.
@@ -317,7 +317,7 @@ def fold_shape_arithmetic(graph_def, types: Dict[Tensor, Optional[ir.TensorType]
         new.attr["dtype"].type = types_pb2.DT_INT32 if value.dtype == np.int32 \
             else types_pb2.DT_INT64
         new.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
-    return _edited(graph_def, constants, edit), types, len(constants)
+    return edited_copy(graph_def, constants, edit), types, len(constants)
 
 
 def summed_axes(this: List[Dim], other: List[Dim]) -> Optional[List[int]]:
@@ -353,22 +353,6 @@ def _candidate(view: GraphView, node) -> bool:
                 any(parse_input(s)[:2] == (node.name, 0) for s in reader.input[1:]):
             return False
     return True
-
-
-def _edited(graph_def, names, edit):
-    """A copy of `graph_def` in which `edit(new, node, out, taken)` changes the
-    copy `new` of each node named in `names` (and may add nodes to `out`,
-    naming them outside `taken`)."""
-    out = graph_pb2.GraphDef()
-    out.CopyFrom(graph_def)
-    del out.node[:]
-    taken: Set[str] = {n.name for n in graph_def.node}
-    for node in graph_def.node:
-        new = out.node.add()
-        new.CopyFrom(node)
-        if node.name in names:
-            edit(new, node, out, taken)
-    return out
 
 
 def _to_identity(new, node, dropped_attrs) -> None:

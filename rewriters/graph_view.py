@@ -7,7 +7,7 @@ shape inference, supplied by the caller as `types[(node, port)]`.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from tf_fusionstitch import fusion_ir as ir
 
@@ -31,6 +31,22 @@ def fresh_name(base: str, taken: set) -> str:
         name += "_"
     taken.add(name)
     return name
+
+
+def edited_copy(graph_def, names, edit):
+    """A copy of `graph_def` in which `edit(new, node, out, taken)` changes the
+    copy `new` of each node named in `names` (and may add nodes to `out`,
+    naming them outside `taken`)."""
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+    del out.node[:]
+    taken: Set[str] = {n.name for n in graph_def.node}
+    for node in graph_def.node:
+        new = out.node.add()
+        new.CopyFrom(node)
+        if node.name in names:
+            edit(new, node, out, taken)
+    return out
 
 
 def tensor_name(t: Tensor) -> str:

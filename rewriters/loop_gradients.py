@@ -34,12 +34,12 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import function_pb2, graph_pb2, tensor_shape_pb2, types_pb2
+from tensorflow.core.framework import function_pb2, tensor_shape_pb2, types_pb2
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.rewriters import function_bodies
 from tf_fusionstitch.rewriters.function_graphs import WHILE_OPS
-from tf_fusionstitch.rewriters.graph_view import Tensor, fresh_name, parse_input
+from tf_fusionstitch.rewriters.graph_view import Tensor, edited_copy, fresh_name, parse_input
 
 _FLOATS = (types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE, types_pb2.DT_HALF, types_pb2.DT_BFLOAT16)
 
@@ -74,18 +74,10 @@ def sum_after_loops(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
     if not plans:
         return graph_def, types, 0
 
-    out = graph_pb2.GraphDef()
-    out.CopyFrom(graph_def)
-    del out.node[:]
     types = dict(types)
-    taken = {n.name for n in graph_def.node}
-    renamed: Dict[Tensor, str] = {}      # accumulator output -> its total after the loop
-    after: List = []
-    for node in graph_def.node:
-        new = out.node.add()
-        new.CopyFrom(node)
-        if node.name not in plans:
-            continue
+    after: List = []   # (While node, its sums, where each stacked tensor's rows are)
+
+    def move(new, node, out, taken):
         sums = plans[node.name]
         body, cond = fdefs[node.attr["body"].func.name], fdefs[node.attr["cond"].func.name]
         stacked = list(dict.fromkeys(r for s in sums for r in s.reads))
@@ -101,7 +93,7 @@ def sum_after_loops(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
                 function_bodies.check_function(f, graph_def.library)
         except Exception:  # noqa: BLE001  (this loop stays as it was)
             del plans[node.name]
-            continue
+            return
         for f in (new_body, new_cond):
             if f.signature.name not in {g.signature.name for g in out.library.function}:
                 out.library.function.add().CopyFrom(f)
@@ -129,8 +121,11 @@ def sum_after_loops(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
         rows = {r: (node.name, first + j, dtype[r], width[r]) for j, r in enumerate(stacked)}
         after.append((node, sums, rows))
 
+    out = edited_copy(graph_def, dict(plans), move)
     if not after:
         return graph_def, types, 0
+    taken = {n.name for n in out.node}
+    renamed: Dict[Tensor, str] = {}      # accumulator output -> its total after the loop
     for node, sums, rows in after:
         for s in sums:
             renamed[(node.name, s.var)] = _total(out, taken, types, node, s, rows)

@@ -42,7 +42,7 @@ result (TF fuses it into that).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Set
 
 from tf_fusionstitch.rewriters import op_table
 from tf_fusionstitch.rewriters.cpu_costs import DYNAMIC_EXTENT

@@ -17,15 +17,16 @@ gradient builds at run time; dim_origins.py proves its size along the axis.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import graph_pb2, types_pb2
+from tensorflow.core.framework import types_pb2
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.rewriters.dim_origins import DimOrigins
-from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor, fresh_name, parse_input
+from tf_fusionstitch.rewriters.graph_view import (GraphView, Tensor, edited_copy, fresh_name,
+                                                  parse_input)
 
 _MASKS = ("begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask", "shrink_axis_mask")
 
@@ -51,15 +52,8 @@ def concat_tiled_slice_gradients(graph_def, types: Dict[Tensor, Optional[ir.Tens
     if not plans:
         return graph_def, types, 0
     types = dict(types)
-    out = graph_pb2.GraphDef()
-    out.CopyFrom(graph_def)
-    del out.node[:]
-    taken: Set[str] = {n.name for n in graph_def.node}
-    for node in graph_def.node:
-        new = out.node.add()
-        new.CopyFrom(node)
-        if node.name not in plans:
-            continue
+
+    def concat(new, node, out, taken):
         axis, parts = plans[node.name]
         const = out.node.add()
         const.name = fresh_name(f"{node.name}/fs_axis", taken)
@@ -76,6 +70,7 @@ def concat_tiled_slice_gradients(graph_def, types: Dict[Tensor, Optional[ir.Tens
         new.attr["N"].i = len(parts)
         new.attr["T"].type = dtype
         new.attr["Tidx"].type = types_pb2.DT_INT32
+    out = edited_copy(graph_def, plans, concat)
     return out, types, len(plans)
 
 
