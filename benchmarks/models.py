@@ -20,7 +20,7 @@ For each model of benchmarks/models/ (its training step, and BERT's inference to
             function, the xla_like plan's function and the FusionStitch-optimized function
             (the issue's bar: the chosen plan never slower than xla_like). Each contender has its own
             model built from the same seed (identical initial weights, checked); calls are
-            interleaved (one call of each per round, the order rotating) after --warmup
+            interleaved (one call of each per round, in a new random order) after --warmup
             rounds; each time is time.perf_counter around one call whose result is not copied
             out (eager CPU execution returns when the work is done).
   diff      |loss - TF's loss| of the first step (before any update), for each contender; for
@@ -237,8 +237,12 @@ def run_row(name, function, sizes, batch_size, cache_root):
         stage = "timing"
         live = [k for k in CONTENDERS if k in first]
         times = {k: [] for k in live}
+        shuffle = np.random.default_rng(2)
         for r in range(FLAGS.warmup + FLAGS.repeats):
-            order = live[r % len(live):] + live[:r % len(live)]  # rotate, against drift
+            # A new order each round, against drift; shuffled rather than rotated,
+            # so that no contender always runs right after the same other one
+            # (a rotation always puts fs after xla_like).
+            order = list(shuffle.permutation(live))
             for label in order:
                 t0 = time.perf_counter()
                 calls[label](*args)
@@ -388,7 +392,8 @@ def markdown(rows, load, seconds, sizes_text, source, during):
         "(Grappler, exploration, code generation, compilation) with empty caches / "
         "again in a new optimized function (kernel and rewrite caches warm). Step times: "
         "median of "
-        f"{FLAGS.repeats} interleaved calls after {FLAGS.warmup} warm-up rounds, in ms; XLA "
+        f"{FLAGS.repeats} interleaved calls (a new random order each round) after "
+        f"{FLAGS.warmup} warm-up rounds, in ms; XLA "
         "is `tf.function(jit_compile=True)` of the same Python function, xla_like is "
         "`optimize(fn, fusion='xla_like')` (XLA's fusion rules in this tool); each contender "
         "trains its own copy of the model from identical initial weights. Diff: |loss - TF "
