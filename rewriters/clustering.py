@@ -98,43 +98,22 @@ def fusible_nodes(view: GraphView, fetches: Set[Tensor]) -> Dict[str, str]:
 
 
 def creates_cycle(view: GraphView, nodes: Set[str], owner: Dict[str, str],
-                   members: Dict[str, List[str]],
-                   position: Optional[Dict[str, int]] = None, *,
-                   after: Optional[int] = None,
-                   spans: Optional[Sequence[Tuple[int, int, str]]] = None) -> bool:
+                  members: Dict[str, List[str]], *, after: Optional[int] = None) -> bool:
     """Whether a path leaves `nodes` and comes back into them in the graph
     where every other cluster already formed is one node: two clusters that
     are each fine can still feed each other (A -> B and B -> A).
 
-    With `position` (view.position) the walk skips nodes that cannot lead
-    back: past the last of `nodes` in topological order and past every
-    cluster that spans that point, paths only move forward.
-
     With `after` (a view.position) the caller vouches that every node placed
     after it is outside `nodes` and in no cluster (grow_clusters' merges, see
     there): from such a node paths only move forward, so the walk stops at
-    them without looking at the clusters at all.
-
-    `spans` (with `position`): every cluster of `members` as (first, last
-    position, name), sorted, when the caller keeps them (a search that
-    checks thousands of sets against one growing plan); else computed here."""
+    them without looking at the clusters at all. A search that checks
+    thousands of sets against one plan uses Reachability.closes_cycle."""
     if after is not None:
         return _reaches_back(view, nodes, owner, members, after)
-    bound = None
-    if position is not None:
-        bound = max(position[m] for m in nodes)
-        if spans is None:
-            spans = cluster_spans(members, position)
-        for lo, hi, _ in spans:
-            if lo > bound:
-                break
-            bound = max(bound, hi)
     stack = [c for m in nodes for c in view.consumers[m] if c not in nodes]
     seen = set()
     while stack:
         n = stack.pop()
-        if bound is not None and position[n] > bound:
-            continue
         unit = owner.get(n, n)
         if unit in seen:
             continue
@@ -151,7 +130,9 @@ class Reachability:
     """The graph's transitive closure (data and control edges) as bit sets
     over view.position: whether a set of nodes would close a cycle, in time
     proportional to the set (creates_cycle with no clusters formed yet, for
-    a search that checks tens of thousands of candidate sets)."""
+    a search that checks tens of thousands of candidate sets), or through
+    the clusters of a plan (closes_cycle: a handful of bit operations per
+    cluster, where creates_cycle's walk may visit every node between)."""
 
     def __init__(self, view: GraphView):
         self._position = position = view.position
@@ -179,12 +160,63 @@ class Reachability:
             above |= self._above[i]
         return bool(below & above & ~inside)
 
+    def cluster_bits(self, nodes) -> Tuple[int, int]:
+        """A cluster's (members, members and their descendants) as bit sets,
+        for closes_cycle."""
+        mask = down = 0
+        for n in nodes:
+            i = self._position[n]
+            mask |= 1 << i
+            down |= self._below[i]
+        return mask, mask | down
+
+    def closes_cycle(self, nodes, spans: Sequence[Tuple[int, int, str]],
+                     bits: Dict[str, Tuple[int, int]]) -> bool:
+        """creates_cycle's verdict, over bit sets: whether a path leaves
+        `nodes` and comes back in the graph where each cluster formed so far
+        is one node. `spans`: the clusters of more than one node, none sharing
+        a node with `nodes`, as cluster_spans gives them (view.position);
+        `bits`: each one's cluster_bits.
+
+        Descendants grow by every cluster they reach (a path may enter it at
+        one member and leave at another) until one of them is an ancestor of
+        `nodes` or nothing grows. A path past the last of `nodes` and past
+        every cluster spanning that point only moves forward, so clusters
+        placed after those take no part."""
+        inside = below = above = 0
+        bound = -1
+        for n in nodes:
+            i = self._position[n]
+            bound = max(bound, i)
+            inside |= 1 << i
+            below |= self._below[i]
+            above |= self._above[i]
+        above &= ~inside
+        pending = []
+        for lo, hi, unit in spans:
+            if lo > bound:
+                break
+            bound = max(bound, hi)
+            pending.append(bits[unit])
+        while not below & above:
+            rest = []
+            for cluster in pending:
+                if cluster[0] & below:
+                    below |= cluster[1]
+                else:
+                    rest.append(cluster)
+            if len(rest) == len(pending):
+                return False
+            pending = rest
+        return True
+
 
 def cluster_spans(members: Dict[str, List[str]],
                   position: Dict[str, int]) -> List[Tuple[int, int, str]]:
-    """creates_cycle's `spans`: each cluster's (first, last position, name), sorted."""
+    """Reachability.closes_cycle's `spans`: each cluster of more than one
+    node as (first, last position, name), sorted."""
     return sorted((min(position[m] for m in ms), max(position[m] for m in ms), unit)
-                  for unit, ms in members.items() if ms)
+                  for unit, ms in members.items() if len(ms) > 1)
 
 
 def _reaches_back(view: GraphView, nodes: Set[str], owner: Dict[str, str],

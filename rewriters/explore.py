@@ -10,9 +10,11 @@ Four steps over the fusible nodes (clustering.fusible_nodes):
    side: nothing, or one of its k patterns: (k+1)^2 - 1 unions), the top k of
    a group go on as one "consumer" to the next round of pairing, until one
    list is left (wide fan-out costs O(consumers * k^2) checks, not k^consumers).
-   A pattern is legal when it creates no cycle (clustering.creates_cycle) and
+   A pattern is legal when it creates no cycle (clustering.Reachability) and
    lowers to a cluster that schedule.build_schedule accepts; the verdict and
-   the pattern's score are cached per frozenset of nodes.
+   the pattern's score are cached per frozenset of nodes, and lowering and
+   scheduling run once per structure (pattern_key.py: the layers of a deep
+   model repeat the same patterns).
 2. Beam search (width `beam`) over plans, from producers to consumers: at each
    vertex not yet covered, every state either leaves it alone or appends one
    of its candidate patterns that overlaps no pattern of the state and makes
@@ -56,10 +58,10 @@ from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.rewriters import cpu_costs, op_table
-from tf_fusionstitch.rewriters.clustering import (LOWERING_ERRORS, Reachability, cpu_schedule,
-                                                  creates_cycle)
+from tf_fusionstitch.rewriters.clustering import LOWERING_ERRORS, Reachability, cpu_schedule
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.lowering import lower_nodes
+from tf_fusionstitch.rewriters.pattern_key import pattern_key
 
 @dataclasses.dataclass
 class ExploreStats:
@@ -69,6 +71,7 @@ class ExploreStats:
     vertices: int = 0
     patterns_checked: int = 0       # distinct node sets checked for legality
     legal_patterns: int = 0
+    structures: int = 0             # distinct pattern keys among them, lowered once each
     merged: int = 0                 # kernels removed by merging neighbours
     packed: int = 0                 # kernels removed by remote fusion
     plan_score: float = 0.0         # final plan, delta evaluator: seconds saved per call
@@ -77,7 +80,8 @@ class ExploreStats:
 
     def __str__(self) -> str:
         return (f"explore k={self.k} beam={self.beam}: {self.vertices} vertices, "
-                f"{self.patterns_checked} patterns checked ({self.legal_patterns} legal), "
+                f"{self.patterns_checked} patterns checked ({self.legal_patterns} legal, "
+                f"{self.structures} distinct structures lowered), "
                 f"{self.merged} neighbour merge(s), "
                 f"{self.packed} kernel(s) packed by remote fusion, plan saves "
                 f"{self.plan_score * 1e6:.1f} us/call by the delta evaluator "
@@ -94,12 +98,16 @@ class _Explorer:
         self.k, self.beam, self.costs = k, beam, costs
         self.stats = ExploreStats(k, beam)
         self._cache: Dict[Pattern, Optional[float]] = {}
+        # pattern_key -> (score, _space entry, compute), None score if illegal
+        self._by_structure: Dict[tuple, tuple] = {}
         self._space: Dict[Pattern, Optional[tuple]] = {}  # see _space_key
         self._alone: Dict[str, float] = {}            # see _seconds_alone
         self._compute_alone: Dict[str, float] = {}    # an op's compute, from its own lowering
         self._launches = {n: int(op_table.is_memory_intensive(view.nodes[n].op))
                           for n in candidates}
         self._reach = Reachability(view)   # a pattern's own cycle check
+        self._unit_bits: Dict[str, Tuple[int, int]] = {}  # plan unit -> cluster_bits
+        self._serial = iter(range(1 << 62))                # plan units' names
 
     # -- delta evaluator -------------------------------------------------------
 
@@ -133,10 +141,10 @@ class _Explorer:
                 traffic / self.costs["bandwidth"], compute)
         return self._alone[name]
 
-    def _score(self, nodes: Pattern, lowered, schedule) -> float:
+    def _score(self, lowered, schedule, nodes: Pattern) -> float:
         costs = self.costs
         compute = self._compute(lowered.cluster)
-        if len(nodes) == 1:  # the op alone: its compute, lowered once
+        if len(nodes) == 1:  # before _seconds_alone would lower it again
             self._compute_alone[next(iter(nodes))] = compute
         unfused = sum(self._seconds_alone(n) for n in nodes)
         traffic = sum(self._bytes(t) for t in lowered.input_tensors) + \
@@ -179,18 +187,38 @@ class _Explorer:
             self.stats.patterns_checked += 1
             verdict = None
             if len(nodes) == 1 or not self._reach.creates_cycle(nodes):
-                try:
-                    lowered = lower_nodes(self.view, sorted(nodes, key=self.view.position.get),
-                                          self.fetches)
-                    schedule = cpu_schedule(lowered.cluster)
-                    verdict = self._score(nodes, lowered, schedule)
-                    self._space[nodes] = None if None in schedule.static_extent else (
-                        schedule.tiled, tuple(sorted(schedule.static_extent)))
-                    self.stats.legal_patterns += 1
-                except LOWERING_ERRORS:
-                    verdict = None
+                verdict = self._structure(nodes)
+            if verdict is not None:
+                self.stats.legal_patterns += 1
             self._cache[nodes] = verdict
         return self._cache[nodes]
+
+    def _structure(self, nodes: Pattern) -> Optional[float]:
+        """The score of the nodes' structure (None if it does not lower and
+        schedule), from the first node set of that structure checked: sets
+        with equal pattern keys lower to the same cluster."""
+        key = pattern_key(self.view, nodes, self.fetches)
+        known = self._by_structure.get(key)
+        if known is None:
+            self.stats.structures += 1
+            known = (None, None, None)
+            try:
+                lowered = lower_nodes(self.view, sorted(nodes, key=self.view.position.get),
+                                      self.fetches)
+                schedule = cpu_schedule(lowered.cluster)
+                space = None if None in schedule.static_extent else (
+                    schedule.tiled, tuple(sorted(schedule.static_extent)))
+                known = (self._score(lowered, schedule, nodes), space,
+                         self._compute(lowered.cluster))
+            except LOWERING_ERRORS:
+                pass
+            self._by_structure[key] = known
+        score, space, compute = known
+        if score is not None:
+            self._space[nodes] = space
+            if len(nodes) == 1:  # the op alone: its compute, lowered once per structure
+                self._compute_alone[next(iter(nodes))] = compute
+        return score
 
     # -- 1. PatternReduction ----------------------------------------------------
 
@@ -243,8 +271,8 @@ class _Explorer:
 
     def best_plan(self, cands) -> List[Pattern]:
         view = self.view
-        # state: (score, patterns, owner, members, the members' spans sorted)
-        states = [(0.0, (), {}, {}, [])]
+        # state: (score, patterns, owner, the patterns' spans sorted)
+        states = [(0.0, (), {}, [])]
         for v in (n for n in view.order if n in self.candidates):
             options = [(s, p) for s, p in cands.get(v, []) if len(p) > 1 and s > 0]
             if not options:
@@ -261,28 +289,37 @@ class _Explorer:
             for total, state, p in sorted(grown, key=lambda g: -g[0]):
                 if len(unique) == self.beam:
                     break
-                _, patterns, owner, members, spans = state
+                _, patterns, _, spans = state
                 key = frozenset(patterns + ((p,) if p is not None else ()))
-                if key in seen or p is not None and creates_cycle(
-                        view, set(p), owner, members, view.position, spans=spans):
+                if key in seen or p is not None and self._closes_cycle(p, spans):
                     continue
                 seen.add(key)
                 unique.append(state if p is None else self._grown(state, p, total))
             states = unique
         return list(states[0][1])
 
+    def _new_unit(self, p: Pattern) -> str:
+        """A fresh name for a plan's kernel of nodes `p` (a state's pattern,
+        or a unit of refine), its bits kept for _closes_cycle."""
+        unit = f"unit{next(self._serial)}"
+        if len(p) > 1:  # an op alone is never contracted
+            self._unit_bits[unit] = self._reach.cluster_bits(p)
+        return unit
+
+    def _closes_cycle(self, nodes: Pattern, spans) -> bool:
+        """Whether `nodes` as one kernel close a cycle through the plan's
+        kernels (`spans`, sorted, none sharing a node with them)."""
+        return self._reach.closes_cycle(nodes, spans, self._unit_bits)
+
     def _grown(self, state, p: Pattern, score: float):
         """`state` with pattern `p` added (its own copies of the plan)."""
-        _, patterns, owner, members, spans = state
-        position = self.view.position
-        unit = f"pattern{len(patterns)}"
+        _, patterns, owner, spans = state
+        unit = self._new_unit(p)
         new_owner = dict(owner)
         new_owner.update((n, unit) for n in p)
-        new_members = dict(members)
-        new_members[unit] = sorted(p, key=position.get)
         new_spans = list(spans)
-        bisect.insort(new_spans, _span(unit, new_members[unit], position))
-        return score, patterns + (p,), new_owner, new_members, new_spans
+        bisect.insort(new_spans, _span(unit, p, self.view.position))
+        return score, patterns + (p,), new_owner, new_spans
 
     # -- 3. remote fusion -------------------------------------------------------
 
@@ -294,26 +331,30 @@ class _Explorer:
         units = list(plan) + [frozenset([n]) for n in self.candidates if n not in covered]
         owner: Dict[str, str] = {}
         members: Dict[str, List[str]] = {}
-        spans: List[Tuple[int, int, str]] = []   # creates_cycle's, kept sorted
-        serial = iter(range(1 << 62))
+        # _closes_cycle's spans, sorted: of the units of more than one node
+        # (the graph's own edges already connect an op alone).
+        spans: List[Tuple[int, int, str]] = []
 
         def register(p: Pattern) -> str:
-            unit = f"unit{next(serial)}"
+            unit = self._new_unit(p)
             for n in p:
                 owner[n] = unit
             members[unit] = sorted(p, key=view.position.get)
-            bisect.insort(spans, _span(unit, members[unit], view.position))
+            if len(p) > 1:
+                bisect.insort(spans, _span(unit, p, view.position))
             return unit
 
         def unregister(unit: str) -> List[str]:
             nodes = members.pop(unit)
-            del spans[bisect.bisect_left(spans, _span(unit, nodes, view.position))]
+            if len(nodes) > 1:
+                del spans[bisect.bisect_left(spans, _span(unit, nodes, view.position))]
             return nodes
 
         def restore(unit: str, nodes: List[str]) -> None:
             members[unit] = nodes
             owner.update((n, unit) for n in nodes)
-            bisect.insort(spans, _span(unit, nodes, view.position))
+            if len(nodes) > 1:
+                bisect.insort(spans, _span(unit, nodes, view.position))
 
         def merge(a: str, b: str) -> Optional[str]:
             """The unit of a and b merged, when legal, profitable and acyclic
@@ -326,7 +367,7 @@ class _Explorer:
             for n in merged:  # the merged set is the one unit being checked
                 owner.pop(n)
             saved = unregister(a), unregister(b)
-            if creates_cycle(view, set(merged), owner, members, view.position, spans=spans):
+            if self._closes_cycle(merged, spans):
                 restore(a, saved[0])
                 restore(b, saved[1])
                 return None
@@ -377,9 +418,10 @@ class _Explorer:
         return self._space.get(p) if self.evaluate(p) is not None else None
 
 
-def _span(unit: str, nodes: List[str], position: Dict[str, int]) -> Tuple[int, int, str]:
-    """A unit's entry in creates_cycle's `spans` (nodes in topological order)."""
-    return position[nodes[0]], position[nodes[-1]], unit
+def _span(unit: str, nodes, position: Dict[str, int]) -> Tuple[int, int, str]:
+    """A unit's entry in _closes_cycle's `spans`: its first and last position."""
+    first = min(position[n] for n in nodes)
+    return first, max(position[n] for n in nodes), unit
 
 
 def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],

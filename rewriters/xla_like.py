@@ -126,7 +126,9 @@ def fusion_decision(view: GraphView, nodes: List[str], owner: Dict[str, str],
     roots = _roots(view, nodes)
     if len(roots) != 1:
         return f"{len(roots)} roots ({', '.join(roots[:3])}): sibling fusion"
-    if creates_cycle(view, set(nodes), owner, members):
+    # the consumer being visited is the last of `nodes` (grow_clusters)
+    if creates_cycle(view, set(nodes), owner, members,
+                     after=max(view.position[n] for n in nodes)):
         return "the fusion would create a cycle"
     try:
         cluster = lower_nodes(view, nodes, fetches).cluster

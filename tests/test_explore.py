@@ -18,7 +18,7 @@ from tensorflow.core.framework import graph_pb2
 import tf_fusionstitch as fs
 from optimize_testlib import (EPS, assert_same, assert_train_steps_match, fusion_stitch_nodes,
                               quiet_call, random, rng, to_numpy)
-from tf_fusionstitch.rewriters.clustering import Reachability, creates_cycle
+from tf_fusionstitch.rewriters.clustering import Reachability, cluster_spans, creates_cycle
 from tf_fusionstitch.rewriters.graph_view import GraphView
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -320,10 +320,11 @@ class OptionsTest(tf.test.TestCase):
 
 class CycleCheckTest(tf.test.TestCase):
 
-    def test_pruned_walk_agrees_with_the_full_walk(self):
-        """creates_cycle with `position` skips what cannot lead back; on
-        random DAGs with random clusters formed so far, its verdict equals the
-        unpruned walk's."""
+    def test_closure_through_clusters_agrees_with_the_walk(self):
+        """Reachability.closes_cycle (the plan search's check: bit sets, and
+        only the clusters placed before the point past which paths move
+        forward) gives creates_cycle's verdict on random DAGs with random
+        clusters formed so far, some of them spanning far apart nodes."""
         gen = np.random.default_rng(9900)
         disagreements, cycles = 0, 0
         for _ in range(40):
@@ -334,22 +335,24 @@ class CycleCheckTest(tf.test.TestCase):
                 for j in gen.choice(i, size=min(i, int(gen.integers(0, 3))), replace=False):
                     node.input.append(f"^n{j}" if gen.random() < 0.3 else f"n{j}")
             view = GraphView(gd, {})
+            reach = Reachability(view)
             order = list(view.order)
             owner, members = {}, {}
-            for u in range(3):  # disjoint clusters already formed (each acyclic or not)
-                picked = [m for m in gen.choice(order, size=3, replace=False) if m not in owner]
+            for u in range(4):  # disjoint clusters already formed (each acyclic or not)
+                picked = [m for m in gen.choice(order, size=int(gen.integers(1, 5)),
+                                                replace=False) if m not in owner]
                 members[f"u{u}"] = picked
                 owner.update((m, f"u{u}") for m in picked)
+            spans = cluster_spans(members, view.position)
+            bits = {u: reach.cluster_bits(ms) for u, ms in members.items()}
             free = [m for m in order if m not in owner]
             for _ in range(10):
                 nodes = set(gen.choice(free, size=int(gen.integers(1, 4)), replace=False))
-                full = creates_cycle(view, nodes, owner, members)
-                cycles += full
-                disagreements += full != creates_cycle(view, nodes, owner, members,
-                                                       view.position)
+                walk = creates_cycle(view, nodes, owner, members)
+                cycles += walk
+                disagreements += walk != reach.closes_cycle(nodes, spans, bits)
         self.assertEqual(disagreements, 0)
         self.assertGreater(cycles, 20)  # the cases exercise both verdicts
-
 
     def test_bit_set_closure_agrees_with_the_walk(self):
         """Reachability (the transitive closure the search checks patterns
