@@ -68,6 +68,26 @@ def _worth_a_kernel(c: ir.Cluster, min_cluster_ops: int) -> bool:
     return prims >= min_cluster_ops or any(op.prim in ir.SCATTER for op in c.ops)
 
 
+def _build_all(build, clusters: List[ir.Cluster]) -> List[tuple]:
+    """(kernel, None) or (None, reason) per cluster. Equal clusters (the
+    layers of a deep model) are built once; the largest start first, so one
+    long compilation does not run alone at the end."""
+    distinct: Dict[str, ir.Cluster] = {}
+    for c in clusters:
+        distinct.setdefault(c.to_json(), c)
+    workers = max(1, min(len(distinct), os.cpu_count() or 1))
+    outcome: Dict[str, tuple] = {}
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        largest_first = sorted(distinct, key=lambda spec: -len(distinct[spec].ops))
+        futures = {spec: pool.submit(build, distinct[spec]) for spec in largest_first}
+        for spec, f in futures.items():
+            try:
+                outcome[spec] = (f.result(), None)
+            except Exception as e:  # any failure falls back to TF ops for that cluster
+                outcome[spec] = (None, f"{type(e).__name__}: {e}")
+    return [outcome[c.to_json()] for c in clusters]
+
+
 def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
                     build: Callable[[ir.Cluster], object],
                     min_cluster_ops: int = 2, fusion: str = "stitch",
@@ -184,15 +204,7 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
             lowered.append(lc)
 
     start = time.perf_counter()
-    workers = max(1, min(len(lowered), os.cpu_count() or 1))
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        futures = [pool.submit(build, lc.cluster) for lc in lowered]
-        results = []
-        for f in futures:
-            try:
-                results.append((f.result(), None))
-            except Exception as e:  # any failure falls back to TF ops for that cluster
-                results.append((None, f"{type(e).__name__}: {e}"))
+    results = _build_all(build, [lc.cluster for lc in lowered])
     compile_seconds = time.perf_counter() - start
 
     replacements, reports = [], []
