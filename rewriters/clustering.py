@@ -22,6 +22,7 @@ from tf_fusionstitch.codegen import kernel_ir, scatter
 from tf_fusionstitch.rewriters import op_table
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.lowering import lower_nodes
+from tf_fusionstitch.rewriters.pattern_key import pattern_key
 from tf_fusionstitch.schedule import Schedule, UnsupportedCluster, build_schedule
 
 LOWERING_ERRORS = (op_table.NotFusible, ir.SpecError, UnsupportedCluster)
@@ -88,13 +89,24 @@ def fusible_nodes(view: GraphView, fetches: Set[Tensor]) -> Dict[str, str]:
         if extra_ports or any(t[0] == name and t[1] > 0 for t in fetches):
             verdict[name] = "an auxiliary output is used"
             continue
-        try:
-            lowered = lower_nodes(view, [name], fetches)
-            cpu_schedule(lowered.cluster)
-            verdict[name] = ""
-        except LOWERING_ERRORS as e:
-            verdict[name] = str(e)
+        verdict[name] = why_not_one_kernel(view, [name], fetches)
     return verdict
+
+
+def why_not_one_kernel(view: GraphView, nodes: List[str], fetches: Set[Tensor]) -> str:
+    """'' when `nodes` lower to one cluster that cpu_schedule accepts, else
+    why not. Successes are remembered per structure (pattern_key.py) in the
+    view's memo, so the layers of a deep model are lowered once; a failure's
+    message names its nodes, so each failure is lowered again."""
+    key = ("clustering.one_kernel", pattern_key(view, nodes, fetches))
+    if view.memo.get(key):
+        return ""
+    try:
+        cpu_schedule(lower_nodes(view, nodes, fetches).cluster)
+    except LOWERING_ERRORS as e:
+        return str(e)
+    view.memo[key] = True
+    return ""
 
 
 def creates_cycle(view: GraphView, nodes: Set[str], owner: Dict[str, str],
@@ -282,10 +294,6 @@ def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor]) -
         if creates_cycle(view, set(nodes), owner, members,
                          after=max(position[n] for n in nodes)):
             return True
-        try:
-            cpu_schedule(lower_nodes(view, nodes, fetches).cluster)
-        except LOWERING_ERRORS:
-            return True
-        return False
+        return bool(why_not_one_kernel(view, nodes, fetches))
 
     return grow_clusters(view, candidates, illegal)
