@@ -146,7 +146,8 @@ class _Explorer:
         compute = self._compute(lowered.cluster)
         if len(nodes) == 1:  # before _seconds_alone would lower it again
             self._compute_alone[next(iter(nodes))] = compute
-        unfused = sum(self._seconds_alone(n) for n in nodes)
+        # fsum: the same total in any order (a set's order follows string hashes)
+        unfused = math.fsum(self._seconds_alone(n) for n in nodes)
         traffic = sum(self._bytes(t) for t in lowered.input_tensors) + \
             sum(self._bytes(t) for t in lowered.output_tensors)
         launches = min(sum(self._launches.get(n, 0) for n in nodes), 1)
@@ -328,7 +329,8 @@ class _Explorer:
         (a pattern, or an op alone); merge neighbours, then pack the rest."""
         view = self.view
         covered = set().union(*plan) if plan else set()
-        units = list(plan) + [frozenset([n]) for n in self.candidates if n not in covered]
+        units = list(plan) + [frozenset([n]) for n in view.order
+                              if n in self.candidates and n not in covered]
         owner: Dict[str, str] = {}
         members: Dict[str, List[str]] = {}
         # _closes_cycle's spans, sorted: of the units of more than one node
@@ -436,7 +438,7 @@ def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
     explorer.stats.costs = costs_source
     plan = explorer.best_plan(explorer.candidate_patterns())
     kernels = explorer.refine(plan)
-    explorer.stats.plan_score = sum(explorer.evaluate(p) for p in kernels if len(p) > 1)
+    explorer.stats.plan_score = math.fsum(explorer.evaluate(p) for p in kernels if len(p) > 1)
     covered = set().union(*kernels) if kernels else set()
     groups = [sorted(p, key=view.position.get) for p in kernels]
     groups += [[n] for n in candidates if n not in covered]
