@@ -366,9 +366,7 @@ class _Explorer:
             s = self.evaluate(merged)
             if s is None or s <= self.evaluate(pa) + self.evaluate(pb):
                 return None
-            for n in merged:  # the merged set is the one unit being checked
-                owner.pop(n)
-            saved = unregister(a), unregister(b)
+            saved = unregister(a), unregister(b)  # the merged set is the one checked
             if self._closes_cycle(merged, spans):
                 restore(a, saved[0])
                 restore(b, saved[1])
