@@ -78,6 +78,15 @@ def random(gen: np.random.Generator, shape, dtype: str, domain: str = "normal") 
     return tf.cast(tf.constant(values, dtype=tf.float64), dtype)
 
 
+def traced_types(graph_def, graph):
+    """The types the pass would see for `graph_def` (`graph`'s, or what
+    Grappler made of it): TF's shape inference, seeded with the traced shapes."""
+    from tf_fusionstitch.rewriters import shapes
+    hints = {t.name: tf.TensorSpec(t.shape, t.dtype)
+             for op in graph.get_operations() for t in op.outputs}
+    return shapes.infer_types(graph_def, hints)
+
+
 def to_numpy(t) -> np.ndarray:
     a = np.asarray(t.numpy() if hasattr(t, "numpy") else t)
     if a.dtype == tf.bfloat16.as_numpy_dtype or a.dtype == np.float16:

@@ -9,9 +9,9 @@ import numpy as np
 import tensorflow as tf
 
 import tf_fusionstitch as fs
-from optimize_testlib import quiet_call, random, rng
+from optimize_testlib import quiet_call, random, rng, traced_types
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.rewriters import cpu_costs, explore, shapes
+from tf_fusionstitch.rewriters import cpu_costs, explore
 from tf_fusionstitch.rewriters.graph_view import GraphView
 from tf_fusionstitch.runtime import cache
 from tf_fusionstitch.tools import calibrate as calibrate_tool
@@ -144,9 +144,7 @@ class EvaluatorTest(tf.test.TestCase):
 
         graph = f.get_concrete_function().graph
         graph_def = graph.as_graph_def()
-        hints = {t.name: tf.TensorSpec(t.shape, t.dtype)
-                 for op in graph.get_operations() for t in op.outputs}
-        view = GraphView(graph_def, shapes.infer_types(graph_def, hints))
+        view = GraphView(graph_def, traced_types(graph_def, graph))
         names = [n.name for n in graph_def.node if n.op in ("Tanh", "Exp")]
         costs = dict(cpu_costs.BUILTIN, bandwidth=self.BANDWIDTH, launch=self.LAUNCH,
                      compute=compute)

@@ -6,8 +6,8 @@ TF's where the batch is dynamic."""
 import tensorflow as tf
 
 import tf_fusionstitch as fs
-from optimize_testlib import quiet_call, random, rng
-from tf_fusionstitch.rewriters import decided_shapes, grappler, shapes
+from optimize_testlib import quiet_call, random, rng, traced_types
+from tf_fusionstitch.rewriters import decided_shapes, grappler
 from tf_fusionstitch.rewriters.decided_shapes import summed_axes
 from tf_fusionstitch.rewriters.dim_origins import DimOrigins
 from tf_fusionstitch.rewriters.graph_view import GraphView
@@ -32,8 +32,7 @@ def _prepared(concrete):
     graph = concrete.graph
     outputs = [t.name for t in concrete.outputs]
     graph_def = grappler.run_grappler(graph.as_graph_def(), graph, outputs)
-    types = shapes.infer_types(graph_def, {t.name: tf.TensorSpec(t.shape, t.dtype)
-                                           for op in graph.get_operations() for t in op.outputs})
+    types = traced_types(graph_def, graph)
     return graph_def, types, {(name.split(":")[0], 0) for name in outputs}
 
 
@@ -61,9 +60,7 @@ class DimOriginsTest(tf.test.TestCase):
         concrete = tf.function(fn).get_concrete_function(*specs)
         graph = concrete.graph
         graph_def = graph.as_graph_def()
-        hints = {t.name: tf.TensorSpec(t.shape, t.dtype)
-                 for op in graph.get_operations() for t in op.outputs}
-        types = shapes.infer_types(graph_def, hints)
+        types = traced_types(graph_def, graph)
         return DimOrigins(GraphView(graph_def, types)), concrete
 
     def test_reshape_back_to_a_shape_and_products_keep_the_batch_origin(self):

@@ -7,7 +7,8 @@ import types
 
 import tensorflow as tf
 
-from tf_fusionstitch.rewriters import grappler, shapes
+from optimize_testlib import traced_types
+from tf_fusionstitch.rewriters import grappler
 from tf_fusionstitch.rewriters.fusion_pass import run_fusion_pass
 
 
@@ -16,9 +17,7 @@ def _prepared(fn, *specs):
     graph = concrete.graph
     outputs = [t.name for t in concrete.outputs]
     graph_def = grappler.run_grappler(graph.as_graph_def(), graph, outputs)
-    hints = {t.name: tf.TensorSpec(t.shape, t.dtype)
-             for op in graph.get_operations() for t in op.outputs}
-    return graph_def, shapes.infer_types(graph_def, hints), \
+    return graph_def, traced_types(graph_def, graph), \
         {(name.split(":")[0], 0) for name in outputs}
 
 

@@ -5,7 +5,7 @@ score; one that differs for equal structures only costs time."""
 
 import tensorflow as tf
 
-from tf_fusionstitch.rewriters import shapes
+from optimize_testlib import traced_types
 from tf_fusionstitch.rewriters.clustering import LOWERING_ERRORS, fusible_nodes
 from tf_fusionstitch.rewriters.dim_origins import DimOrigins
 from tf_fusionstitch.rewriters.graph_view import GraphView
@@ -18,9 +18,7 @@ def _view(fn, *specs):
     concrete = tf.function(fn).get_concrete_function(*specs)
     graph = concrete.graph
     graph_def = graph.as_graph_def()
-    hints = {t.name: tf.TensorSpec(t.shape, t.dtype)
-             for op in graph.get_operations() for t in op.outputs}
-    types = shapes.infer_types(graph_def, hints)
+    types = traced_types(graph_def, graph)
     fetches = {(t.op.name, t.value_index) for t in concrete.outputs}
     # outputs of a concrete function are Identity nodes of the traced values
     names = {n.name for n in graph_def.node}
