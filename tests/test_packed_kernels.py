@@ -171,3 +171,46 @@ def test_parts_with_a_reduction_or_other_inputs_stay_apart():
                          ("d", "t", "e"))
     parts = ir.connected_parts(cluster)
     assert len(join_siblings(cluster, parts)) == len(parts) == 3
+
+
+def _updates(shapes):
+    """One optimizer-like update per shape, v - (0.1 g) (v v), each reading
+    its own two inputs; every other one lists its ops in another order. The
+    parts of one shape differ only in names and that order."""
+    inputs, ops, outputs = [], [], []
+    for k, shape in enumerate(shapes):
+        t = T("float32", shape)
+        inputs += [(f"v{k}", t), (f"g{k}", t)]
+        step = [op(f"lr{k}", "const", [], T("float32", ()), value=0.1),
+                op(f"s{k}", "mul", [f"g{k}", f"lr{k}"], t)]
+        square = [op(f"w{k}", "mul", [f"v{k}", f"v{k}"], t)]
+        ops += (step + square if k % 2 else square + step) + [
+            op(f"p{k}", "mul", [f"s{k}", f"w{k}"], t),
+            op(f"u{k}", "sub", [f"v{k}", f"p{k}"], t)]
+        outputs.append(f"u{k}")
+    return ir.Cluster(tuple(inputs), tuple(ops), tuple(outputs))
+
+
+def test_parts_alike_but_for_names_share_one_run_function():
+    """Five same-shaped updates and two of other shapes: three run (and
+    shape) functions in the source, and every part still reads and writes
+    its own buffers."""
+    shapes = [(64, 48)] * 5 + [(N, 48), (7,)]
+    cluster = _updates(shapes)
+    sizes = [(64, 48)] * 5 + [(300, 48), (7,)]
+    inputs = [RNG.standard_normal(s, dtype=np.float32) for s in sizes for _ in range(2)]
+    outs, kernel = run(cluster, [x.copy() for x in inputs], threads=2, forward=False)
+    assert kernel.source.count("static void fs_run_p") == 3
+    assert kernel.source.count("static int fs_shape_p") == 3
+    assert kernel.parts == 7
+    for k, u in enumerate(outs):
+        v, g = inputs[2 * k], inputs[2 * k + 1]
+        np.testing.assert_array_equal(u, v - (g * np.float32(0.1)) * (v * v))
+
+
+def test_a_shared_run_function_reports_the_parts_own_input():
+    cluster = _updates([(N, 48)] * 3)
+    good = [RNG.standard_normal((5, 48), dtype=np.float32) for _ in range(6)]
+    good[5] = RNG.standard_normal((5, 47), dtype=np.float32)
+    with pytest.raises(KernelShapeError, match=r"input 5 \(g2\)"):
+        run(cluster, good)

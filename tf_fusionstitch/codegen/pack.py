@@ -20,6 +20,10 @@ No TensorFlow import here.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import heapq
+import itertools
 from typing import List
 
 from tf_fusionstitch import fusion_ir as ir
@@ -38,24 +42,78 @@ MIN_CHUNK_COST = 20000
 def generate_packed_cpp(cluster: ir.Cluster, parts: List[ir.Part]):
     """C++ source of a packed kernel and its parts' schedules."""
     parts, schedules = schedulable_parts(cluster, join_siblings(cluster, parts))
-    kernels = [kernel_ir.lower(s, kernel_ir.cpu_lanes(s)) for s in schedules]
+    # Parts that differ only in their values' names (an optimizer's update of
+    # 36 same-shaped variables) share one run function: the source, and the
+    # compiler's time, grow with the distinct parts only.
+    body_of: dict = {}     # canonical part spec -> (body number, schedule, kernel)
+    bodies = []            # per part: its (body number, schedule, kernel)
+    for part in parts:
+        local = _canonical(part.cluster)
+        key = local.to_json()
+        if key not in body_of:
+            s = build_schedule(local)
+            body_of[key] = (len(body_of), s, kernel_ir.lower(s, kernel_ir.cpu_lanes(s)))
+        bodies.append(body_of[key])
     target = printer.CPP
     pieces = [printer.headers(target)]
-    for i, (part, s, kern) in enumerate(zip(parts, schedules, kernels)):
-        pieces.append(f"// part {i}: inputs {list(part.inputs)}, outputs {list(part.outputs)}")
-        pieces.append(shape_fn.print_shape_fn(s, kern, "static", f"fs_shape_p{i}",
-                                              input_numbers=part.inputs))
-        pieces.append(printer.print_kernel(kern, target, f"fs_run_p{i}", "static"))
-    n_ext = [shape_fn.num_ext(s) for s in schedules]
+    for n, s, kern in body_of.values():
+        pieces.append(printer.print_kernel(kern, target, f"fs_run_p{n}", "static"))
+        pieces.append(shape_fn.print_shape_fn(s, kern, "static", f"fs_shape_p{n}",
+                                              caller_names_inputs=True))
+    for i, (part, (n, _, _)) in enumerate(zip(parts, bodies)):
+        names = ", ".join(f'"{name}"' for name, _ in part.cluster.inputs)
+        pieces += [f"// part {i}: outputs {list(part.outputs)}, runs fs_run_p{n}",
+                   f"static const int64_t fs_in_numbers_{i}[] = "
+                   f"{{{', '.join(map(str, part.inputs)) or '0'}}};",
+                   f"static const char* const fs_in_names_{i}[] = {{{names or '0'}}};"]
+    local_schedules = [s for _, s, _ in bodies]
+    n_ext = [shape_fn.num_ext(s) for s in local_schedules]
     ext_at = [sum(n_ext[:i]) for i in range(len(parts))]
     items_at = sum(n_ext)
     chunks_at = items_at + len(parts)
     pieces.append(shape_fn.format_meta(cluster, chunks_at + len(parts),
-                                       _forward_pairs(parts, schedules), target.export))
-    pieces.append(_shape_fn(cluster, parts, ext_at, items_at, chunks_at, target.export))
-    pieces.append(_run_fn(cluster, parts, ext_at, items_at, chunks_at, target.export))
+                                       _forward_pairs(parts, local_schedules), target.export))
+    body = [n for n, _, _ in bodies]
+    pieces.append(_shape_fn(cluster, parts, body, ext_at, items_at, chunks_at, target.export))
+    pieces.append(_run_fn(cluster, parts, body, ext_at, items_at, chunks_at, target.export))
     pieces.append("")
     return "\n".join(pieces), tuple(schedules)
+
+
+def _canonical(c: ir.Cluster) -> ir.Cluster:
+    """`c` with its ops in a topological order of their own structure and its
+    values renamed by position (inputs i0.., ops t0..): two parts with the
+    same structure become the same spec, whatever order the graph listed
+    their ops in."""
+    digest = {name: f"i{k}" for k, (name, _) in enumerate(c.inputs)}
+    for op in c.ops:   # what the op computes, from what: no names
+        digest[op.name] = hashlib.sha256(repr(
+            (op.prim, op.attrs, op.type, [digest[i] for i in op.inputs])).encode()).hexdigest()
+    inputs = {name for name, _ in c.inputs}
+    waiting = {op.name: len(set(op.inputs) - inputs) for op in c.ops}
+    readers: dict = {}
+    for op in c.ops:
+        for i in set(op.inputs) - inputs:
+            readers.setdefault(i, []).append(op)
+    serial = itertools.count()   # ties: equal digests compute the same, any order will do
+    ready = [(digest[op.name], next(serial), op) for op in c.ops if not waiting[op.name]]
+    heapq.heapify(ready)
+    ordered = []
+    while ready:
+        _, _, op = heapq.heappop(ready)
+        ordered.append(op)
+        for r in readers.get(op.name, ()):
+            waiting[r.name] -= 1
+            if not waiting[r.name]:
+                heapq.heappush(ready, (digest[r.name], next(serial), r))
+    new = {name: f"i{k}" for k, (name, _) in enumerate(c.inputs)}
+    new.update((op.name, f"t{j}") for j, op in enumerate(ordered))
+    ops = tuple(dataclasses.replace(op, name=new[op.name], inputs=tuple(new[i] for i in op.inputs))
+                for op in ordered)
+    classes = tuple(sorted(tuple(sorted((new[name], d) for name, d in cls))
+                           for cls in c.equal_dims))
+    return ir.Cluster(tuple((new[name], t) for name, t in c.inputs), ops,
+                      tuple(new[o] for o in c.outputs), classes)
 
 
 def schedulable_parts(cluster: ir.Cluster, parts: List[ir.Part]):
@@ -146,7 +204,8 @@ def _forward_pairs(parts, schedules) -> list:
             for j, i in s.forward if readers[p.inputs[i]] == 1]
 
 
-def _shape_fn(cluster, parts, ext_at, items_at, chunks_at, export) -> str:
+def _shape_fn(cluster, parts, body, ext_at, items_at, chunks_at, export) -> str:
+    """`body[p]`: the number of the shape function part p runs."""
     in_offset, off = [], 0
     for _, t in cluster.inputs:
         in_offset.append(off)
@@ -168,7 +227,8 @@ def _shape_fn(cluster, parts, ext_at, items_at, chunks_at, export) -> str:
             "  {",
             f"    const int64_t in[{max(len(dims), 1)}] = {{{', '.join(dims) or '0'}}};",
             f"    int64_t out[{max(n_out, 1)}], w[2] = {{0, 0}};",
-            f"    if (fs_shape_p{p}(in, out, ext + {ext_at[p]}, w, err, errlen)) return 1;",
+            f"    if (fs_shape_p{body[p]}(in, out, ext + {ext_at[p]}, w, err, errlen, "
+            f"fs_in_numbers_{p}, fs_in_names_{p})) return 1;",
         ]
         k = 0
         for j in part.outputs:
@@ -201,7 +261,8 @@ def _shape_fn(cluster, parts, ext_at, items_at, chunks_at, export) -> str:
     return "\n".join(lines)
 
 
-def _run_fn(cluster, parts, ext_at, items_at, chunks_at, export) -> str:
+def _run_fn(cluster, parts, body, ext_at, items_at, chunks_at, export) -> str:
+    """`body[p]`: the number of the run function part p runs (as in _shape_fn)."""
     lines = [f"{export} void fs_run(int64_t begin, int64_t end, const int64_t* ext, "
              "void* const* bufs) {",
              "  int64_t first = 0;  // the pack's first item (chunk) of the part"]
@@ -215,7 +276,7 @@ def _run_fn(cluster, parts, ext_at, items_at, chunks_at, export) -> str:
             "    const int64_t hi = end < first + chunks ? end : first + chunks;",
             "    if (lo < hi) {",
             f"      void* const part_bufs[{len(bufs)}] = {{{', '.join(bufs)}}};",
-            f"      fs_run_p{p}((lo - first) * items / chunks, (hi - first) * items / chunks, "
+            f"      fs_run_p{body[p]}((lo - first) * items / chunks, (hi - first) * items / chunks, "
             f"ext + {ext_at[p]}, part_bufs);",
             "    }",
             "    first += chunks;",

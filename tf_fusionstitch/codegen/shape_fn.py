@@ -70,13 +70,16 @@ def format_meta(c, n_ext: int, forward, export: str) -> str:
 
 
 def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str, symbol: str = "fs_shape",
-                   input_numbers=None) -> str:
-    """`input_numbers`: the op's input index of each of the cluster's inputs,
-    for error messages (a packed kernel's part reads some of the op's inputs)."""
+                   caller_names_inputs: bool = False) -> str:
+    """With `caller_names_inputs`, the function takes two more arguments, the
+    op's input index and the name of each of the cluster's inputs, for its
+    error messages: a packed kernel's parts of one structure share it,
+    each reading some of the op's inputs."""
     c = s.cluster
-    numbers = list(input_numbers) if input_numbers is not None else list(range(len(c.inputs)))
+    labels = ", const int64_t* in_numbers, const char* const* in_names" \
+        if caller_names_inputs else ""
     lines = [f"{export} int {symbol}(const int64_t* in_dims, int64_t* out_dims, int64_t* ext, "
-             "int64_t* work, char* err, int64_t errlen) {",
+             f"int64_t* work, char* err, int64_t errlen{labels}) {{",
              "  char msg[512];"]
     offsets, off = [], 0
     for _, t in c.inputs:
@@ -115,12 +118,16 @@ def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str, symbol: str = "fs
         shown = ", ".join("%lld" for _ in want) or ""
         got = ", ".join(f"(long long)in_dims[{offsets[i] + d}]" for d in range(len(want)))
         exp = ", ".join(f"(long long){w}" for w in want)
+        if caller_names_inputs:
+            which, label = "%lld (%s)", f"(long long)in_numbers[{i}], in_names[{i}], "
+        else:
+            which, label = f"{i} ({name})", ""
         lines += [
             f"  if ({cond}) {{",
-            f'    std::snprintf(msg, sizeof msg, "Incompatible shapes: FusionStitch input {numbers[i]} '
-            f'({name}) has shape [{shown}] where [{shown}] is required (dimensions that '
+            f'    std::snprintf(msg, sizeof msg, "Incompatible shapes: FusionStitch input {which} '
+            f'has shape [{shown}] where [{shown}] is required (dimensions that '
             f'broadcasting ties together must agree; a dimension unknown when the function '
-            f'was optimized may not broadcast at run time)", {got}, {exp});',
+            f'was optimized may not broadcast at run time)", {label}{got}, {exp});',
             "    return fs_fail(err, errlen, msg);",
             "  }",
         ]
