@@ -27,7 +27,8 @@ _MAX_HINT_ROUNDS = 16
 def infer_types(graph_def, hints: Dict[str, tf.TensorSpec]) -> Dict[Tensor, Optional[ir.TensorType]]:
     """`hints` maps tensor names ('op:0') to specs known from the traced function;
     they stand in for tensors whose shape inference cannot see through (a
-    variable read after its handle was re-imported loses the variable's shape).
+    variable read after its handle was re-imported loses the variable's
+    shape; the reads' hints give each variable's handle its shape first).
 
     A hint is a name's shape before Grappler, which may have rewired the node
     under that name (the arithmetic pass turns relu(x) -> max_pool into
@@ -36,11 +37,26 @@ def infer_types(graph_def, hints: Dict[str, tf.TensorSpec]) -> Dict[Tensor, Opti
     already as known as hints can make it, and the op's own inference still
     knows less; a stale hint then meets a known shape it contradicts and is
     dropped."""
+    variables = _variable_specs(graph_def, hints)
+    names = {node.name for node in graph_def.node}
+    # The feeds live under a scope no node of the graph uses: an imported
+    # node whose name is taken would be renamed, and its type lost.
+    scope = "fs_shape_feeds"
+    while any(n == scope or n.startswith(scope + "/") for n in names):
+        scope += "_"
+
     def imported(input_map):
         g = tf.Graph()
         with g.as_default():
-            feeds = {name: tf.compat.v1.placeholder(spec.dtype, spec.shape)
-                     for name, spec in input_map.items()}
+            with g.name_scope(scope + "/"):
+                feeds = {name: tf.compat.v1.placeholder(spec.dtype, spec.shape)
+                         for name, spec in input_map.items()}
+            # A variable's handle as the function receives it (a resource
+            # placeholder) carries no shape; one VarHandleOp per variable does,
+            # and every read of it is then known from the first import on.
+                for k, (name, spec) in enumerate(sorted(variables.items())):
+                    feeds[name] = tf.raw_ops.VarHandleOp(
+                        dtype=spec.dtype, shape=spec.shape, shared_name=f"{scope}/variable_{k}")
             tf.graph_util.import_graph_def(graph_def, input_map=feeds, name="")
         return g
 
@@ -55,7 +71,8 @@ def infer_types(graph_def, hints: Dict[str, tf.TensorSpec]) -> Dict[Tensor, Opti
     patch: Dict[str, tf.TensorSpec] = {}
     g = imported(patch)
     for _ in range(_MAX_HINT_ROUNDS):
-        candidates = {t.name: wanted(t) for op in g.get_operations() for t in op.outputs}
+        candidates = {t.name: wanted(t) for op in g.get_operations() if op.name in names
+                      for t in op.outputs}
         candidates = {name: hint for name, hint in candidates.items() if hint is not None}
         frontier = {name: hint for name, hint in candidates.items()
                     if not any(i.name in candidates for i in g.get_tensor_by_name(name).op.inputs)}
@@ -65,12 +82,41 @@ def infer_types(graph_def, hints: Dict[str, tf.TensorSpec]) -> Dict[Tensor, Opti
         g = imported(patch)
     types: Dict[Tensor, Optional[ir.TensorType]] = {}
     for op in g.get_operations():
+        if op.name not in names:
+            continue
         for k, t in enumerate(op.outputs):
             types[(op.name, k)] = to_tensor_type(t.dtype, t.shape)
     for name, spec in patch.items():  # the patched tensors themselves keep no shape
         op_name, _, port = name.rpartition(":")
         types[(op_name, int(port))] = to_tensor_type(spec.dtype, spec.shape)
     return types
+
+
+def _variable_specs(graph_def, hints: Dict[str, tf.TensorSpec]) -> Dict[str, tf.TensorSpec]:
+    """The variable each resource placeholder stands for ('name:0' -> spec),
+    from the hints of the ReadVariableOps that read it directly: only where
+    it has such readers, all with hints that agree with each other and with
+    the read's dtype."""
+    nodes = {n.name: n for n in graph_def.node}
+    specs: Dict[str, tf.TensorSpec] = {}
+    unknown = set()
+    for node in graph_def.node:
+        src = node.input[0].split(":")[0] if node.input else ""
+        handle = nodes.get(src)
+        if handle is None or handle.op != "Placeholder" or \
+                handle.attr["dtype"].type != tf.resource.as_datatype_enum:
+            continue
+        name = src + ":0"
+        if node.op != "ReadVariableOp":
+            continue
+        hint = hints.get(node.name + ":0")
+        spec = None if hint is None else tf.TensorSpec(hint.shape, hint.dtype)
+        if spec is None or spec.dtype.as_datatype_enum != node.attr["dtype"].type or \
+                specs.get(name, spec) != spec:
+            unknown.add(name)
+        else:
+            specs[name] = spec
+    return {name: spec for name, spec in specs.items() if name not in unknown}
 
 
 def _known_dims(shape: tf.TensorShape) -> int:
