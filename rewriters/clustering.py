@@ -192,35 +192,52 @@ class Reachability:
 
         Descendants grow by every cluster they reach (a path may enter it at
         one member and leave at another) until one of them is an ancestor of
-        `nodes` or nothing grows. A path past the last of `nodes` and past
-        every cluster spanning that point only moves forward, so clusters
-        placed after those take no part."""
+        `nodes` or nothing grows. Only clusters that end after the first of
+        `nodes` can be reached (a path only moves forward from there). A
+        path past the last of `nodes` and past every cluster spanning that
+        point only moves forward too, so clusters placed after those take
+        no part."""
         inside = below = above = 0
-        bound = -1
+        first, bound = len(self._position), -1
         for n in nodes:
             i = self._position[n]
-            bound = max(bound, i)
+            first, bound = min(first, i), max(bound, i)
             inside |= 1 << i
             below |= self._below[i]
             above |= self._above[i]
         above &= ~inside
-        pending = []
+        pending = []   # (first, last position, bits), in span order
         for lo, hi, unit in spans:
             if lo > bound:
                 break
             bound = max(bound, hi)
-            pending.append(bits[unit])
-        while not below & above:
-            rest = []
-            for cluster in pending:
-                if cluster[0] & below:
-                    below |= cluster[1]
-                else:
-                    rest.append(cluster)
-            if len(rest) == len(pending):
+            if hi > first:
+                pending.append((lo, hi, bits[unit]))
+        if below & above:
+            return True
+        while pending:
+            # One pass in span order: a cluster reached adds descendants that
+            # lie after its first member, so a cluster passed over earlier
+            # needs another look only if a later one reached starts before
+            # it ends.
+            reached = []
+            for c in pending:
+                hit = bool(c[2][0] & below)
+                if hit:
+                    below |= c[2][1]
+                reached.append(hit)
+            if not any(reached):
                 return False
-            pending = rest
-        return True
+            if below & above:
+                return True
+            again, next_lo = [], None   # the first start of a later reached cluster
+            for c, hit in zip(reversed(pending), reversed(reached)):
+                if hit:
+                    next_lo = c[0]
+                elif next_lo is not None and next_lo < c[1]:
+                    again.append(c)
+            pending = again[::-1]
+        return False
 
 
 def cluster_spans(members: Dict[str, List[str]],
