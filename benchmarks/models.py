@@ -12,7 +12,10 @@ For each model of benchmarks/models/ (its training step, and BERT's inference to
             Report.rewrite_seconds) with an empty kernel cache: every row gets a fresh
             TF_FUSIONSTITCH_CACHE_DIR (0700) before its first optimize. The op library itself
             is built (or found in the usual cache) once per process before that, as an
-            installation would, and is not counted.
+            installation would, and is not counted. With --fs_fusion=explore and calibrated
+            costs, the machine's cost calibration (rewriters/cpu_costs.py, once per machine)
+            is measured once before the rows, reported on its own, and given to each row's
+            fresh directory, as a machine that has run optimize before keeps it.
   warm s    the same rewrite again in a new OptimizedFunction: kernels and the rewrite
             itself come from the caches (tf_fusionstitch/rewrite_cache.py).
   TF/XLA/xla_like/fs
@@ -62,6 +65,7 @@ sys.path.insert(1, str(_HERE.parent))
 from benchmarks import models as reference_models  # noqa: E402
 
 import tf_fusionstitch as fs  # noqa: E402
+from tf_fusionstitch.rewriters import cpu_costs  # noqa: E402
 from tf_fusionstitch.runtime import cache as fs_cache  # noqa: E402
 
 BEGIN, END = "<!-- models:begin -->", "<!-- models:end -->"
@@ -116,6 +120,21 @@ def _overrides():
     return result
 
 
+def _calibrate(cache_root):
+    """This machine's cost calibration record, measured in a directory of its
+    own, and what to say of it; (None, None) when the fs contender does not
+    use calibrated costs."""
+    if FLAGS.fs_fusion != "explore" or FLAGS.fs_costs == "builtin":
+        return None, None
+    _fresh_cache_dir(cache_root, "calibration")
+    _, source = cpu_costs.for_this_machine()
+    record = cpu_costs.cached_record()
+    if record is None:  # calibration failed: every row prices with the builtin costs
+        return None, f"cost calibration: {source}"
+    return record, (f"cost calibration (once per machine, before the rows, not in cold s): "
+                    f"{record['seconds']:.2f} s")
+
+
 def _fresh_cache_dir(root, label):
     path = pathlib.Path(root) / label
     path.mkdir(mode=0o700)
@@ -160,8 +179,9 @@ def _build_each(name, sizes):
     return built
 
 
-def run_row(name, function, sizes, batch_size, cache_root):
-    """One table row: kernel counts, rewrite times, step times, first-step differences."""
+def run_row(name, function, sizes, batch_size, cache_root, calibration=None):
+    """One table row: kernel counts, rewrite times, step times, first-step differences.
+    `calibration`: the machine's cost calibration record, for the row's fresh cache."""
     row = {"model": name, "function": function, "batch": batch_size, "ms": {}, "diff": {},
            "notes": [], "kernels": None}
     stage = "build"
@@ -177,6 +197,8 @@ def run_row(name, function, sizes, batch_size, cache_root):
 
         stage = f"optimize ({FLAGS.fs_fusion}, cold)"
         _fresh_cache_dir(cache_root, f"{name}-{function}")
+        if calibration is not None:
+            cpu_costs.store(calibration)
         fs_fn = fs.optimize(fns["fs"], **_fs_options())
         cold, cold_wall, warns = _traced(fs_fn, args)
         row["notes"] += [f"fs: {w}" for w in warns]
@@ -368,7 +390,7 @@ def _fs_options():
     return options
 
 
-def markdown(rows, load, seconds, sizes_text, source, during):
+def markdown(rows, load, seconds, sizes_text, source, during, calibration_text=None):
     batch_text = ""
     if FLAGS.size == "real" and FLAGS.batch is None:
         batch_text = (" with small batches (the batch column), so that one training step "
@@ -398,6 +420,7 @@ def markdown(rows, load, seconds, sizes_text, source, during):
         "`optimize(fn, fusion='xla_like')` (XLA's fusion rules in this tool); each contender "
         "trains its own copy of the model from identical initial weights. Diff: |loss - TF "
         "loss| of the first step (max abs output difference for inference)."
+        + (f" {calibration_text[0].upper()}{calibration_text[1:]}." if calibration_text else "")
         + (" **Load was >= 1 before the run: other work may have inflated the times.**"
            if load >= 1.0 else ""),
         "",
@@ -455,6 +478,9 @@ def main(argv):
     with tempfile.TemporaryDirectory(prefix="fs-models-bench-") as cache_root, \
             LoadSampler() as sampler:
         os.chmod(cache_root, 0o700)
+        calibration, calibration_text = _calibrate(cache_root)
+        if calibration_text:
+            print(calibration_text, flush=True)
         for name in FLAGS.models:
             sizes = overrides.get(name, {})
             batch = FLAGS.batch or (DEFAULT_BATCH[name] if FLAGS.size == "real" else 4)
@@ -465,7 +491,7 @@ def main(argv):
                 functions.append("inference")
             for function in functions:
                 print(f"... {name} {function} (batch {batch})", flush=True)
-                rows.append(run_row(name, function, sizes, batch, cache_root))
+                rows.append(run_row(name, function, sizes, batch, cache_root, calibration))
     seconds = time.perf_counter() - start
     print()
     print_table(rows)
@@ -473,7 +499,7 @@ def main(argv):
     if FLAGS.out:
         text = markdown(rows, load, seconds,
                         (" with overrides " + "; ".join(sizes_text)) if sizes_text else "",
-                        source, sampler.text())
+                        source, sampler.text(), calibration_text)
         results_md.write_section(FLAGS.out, BEGIN, END, text)
         print(f"wrote {FLAGS.out}")
 

@@ -124,8 +124,15 @@ def cached_record() -> Optional[Dict]:
 def recalibrate() -> Dict:
     """Measures again and replaces this machine's cached calibration."""
     record = _measured_record()
-    cache.write_verified(_key(), _SUFFIX, json.dumps(record, indent=1, sort_keys=True).encode())
+    store(record)
     return record
+
+
+def store(record: Dict) -> None:
+    """Makes `record` (as cached_record gives it) this machine's cached
+    calibration in the current cache directory."""
+    validate(record["costs"])
+    cache.write_verified(_key(), _SUFFIX, json.dumps(record, indent=1, sort_keys=True).encode())
 
 
 def _key() -> str:
