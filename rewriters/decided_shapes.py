@@ -87,8 +87,11 @@ def fold(graph_def, types: Dict[Tensor, Optional[ir.TensorType]], fetches: Set[T
     those `inputs` lets it take by assuming input sizes equal (the pairs it
     relied on are then in inputs.assumed)."""
     graph_def, types, _ = fold_shape_arithmetic(graph_def, types, fetches, context)
-    equal = _assumed_equalities(graph_def, types, fetches, inputs, context) if inputs else set()
-    graph_def, types, _ = fold_broadcast_gradients(graph_def, types, fetches, equal, context)
+    view = GraphView(graph_def, types)  # the next two read the same graph
+    equal = _assumed_equalities(graph_def, types, fetches, inputs, context, view) \
+        if inputs else set()
+    graph_def, types, _ = fold_broadcast_gradients(graph_def, types, fetches, equal, context,
+                                                   view)
     graph_def, types, _ = fold_reshapes(graph_def, types, fetches, equal, context)
     types, _ = static_sizes(graph_def, types, fetches, equal, context)
     return graph_def, types
@@ -121,13 +124,14 @@ def static_sizes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
 
 
 def _assumed_equalities(graph_def, types, fetches: Set[Tensor],
-                        inputs: InputEqualities, context: Context) -> Set[InputPair]:
+                        inputs: InputEqualities, context: Context,
+                        view: Optional[GraphView] = None) -> Set[InputPair]:
     """The input size pairs that decide a gradient Sum nothing else decides,
     where `inputs` allows every pair that Sum needs; and the allowed pairs
     of input sizes that reach a loop (or another call) together: inside,
     a loop invariant or a gradient Sum may need them equal, and nothing
-    but the caller's check can tell."""
-    view = GraphView(graph_def, types)
+    but the caller's check can tell. `view`: one of (graph_def, types)."""
+    view = view or GraphView(graph_def, types)
     sums = [n for n in graph_def.node if (n.name, 0) not in fetches and _candidate(view, n)]
     calls = context.calls is not None and any(context.calls.handles(n) for n in graph_def.node)
     if not sums and not calls:
@@ -199,11 +203,12 @@ def _operand_shapes(view: GraphView, origins: DimOrigins, node):
 
 def fold_broadcast_gradients(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
                              fetches: Set[Tensor], equal_inputs: Set[InputPair] = frozenset(),
-                             context: Context = Context()):
+                             context: Context = Context(), view: Optional[GraphView] = None):
     """(GraphDef, types, number of Sums whose axes were decided), taking the
     input size pairs `equal_inputs` as equal. Fetched Sums keep TF's
-    runtime axes, whose shape the caller sees."""
-    view = GraphView(graph_def, types)
+    runtime axes, whose shape the caller sees. `view`: one of (graph_def,
+    types)."""
+    view = view or GraphView(graph_def, types)
     sums = [n for n in graph_def.node
             if (n.name, 0) not in fetches and _candidate(view, n)]
     if not sums:
