@@ -130,9 +130,9 @@ def _calibrate(cache_root):
     _, source = cpu_costs.for_this_machine()
     record = cpu_costs.cached_record()
     if record is None:  # calibration failed: every row prices with the builtin costs
-        return None, f"cost calibration: {source}"
-    return record, (f"cost calibration (once per machine, before the rows, not in cold s): "
-                    f"{record['seconds']:.2f} s")
+        return None, f"Cost calibration: {source}."
+    return record, (f"Cost calibration (once per machine, before the rows, not in cold s): "
+                    f"{record['seconds']:.2f} s.")
 
 
 def _fresh_cache_dir(root, label):
@@ -420,7 +420,7 @@ def markdown(rows, load, seconds, sizes_text, source, during, calibration_text=N
         "`optimize(fn, fusion='xla_like')` (XLA's fusion rules in this tool); each contender "
         "trains its own copy of the model from identical initial weights. Diff: |loss - TF "
         "loss| of the first step (max abs output difference for inference)."
-        + (f" {calibration_text[0].upper()}{calibration_text[1:]}." if calibration_text else "")
+        + (f" {calibration_text}" if calibration_text else "")
         + (" **Load was >= 1 before the run: other work may have inflated the times.**"
            if load >= 1.0 else ""),
         "",

@@ -7,7 +7,7 @@ from typing import Dict, Optional
 import tensorflow as tf
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.rewriters.graph_view import Tensor
+from tf_fusionstitch.rewriters.graph_view import Tensor, parse_input
 
 _DTYPES = {tf.float16: "float16", tf.bfloat16: "bfloat16", tf.float32: "float32",
            tf.float64: "float64", tf.int32: "int32", tf.int64: "int64", tf.bool: "bool"}
@@ -51,9 +51,9 @@ def infer_types(graph_def, hints: Dict[str, tf.TensorSpec]) -> Dict[Tensor, Opti
             with g.name_scope(scope + "/"):
                 feeds = {name: tf.compat.v1.placeholder(spec.dtype, spec.shape)
                          for name, spec in input_map.items()}
-            # A variable's handle as the function receives it (a resource
-            # placeholder) carries no shape; one VarHandleOp per variable does,
-            # and every read of it is then known from the first import on.
+                # A variable's handle as the function receives it (a resource
+                # placeholder) carries no shape; a VarHandleOp does, and every
+                # read of the variable is then known from the first import on.
                 for k, (name, spec) in enumerate(sorted(variables.items())):
                     feeds[name] = tf.raw_ops.VarHandleOp(
                         dtype=spec.dtype, shape=spec.shape, shared_name=f"{scope}/variable_{k}")
@@ -99,24 +99,24 @@ def _variable_specs(graph_def, hints: Dict[str, tf.TensorSpec]) -> Dict[str, tf.
     the read's dtype."""
     nodes = {n.name: n for n in graph_def.node}
     specs: Dict[str, tf.TensorSpec] = {}
-    unknown = set()
+    conflicting = set()
     for node in graph_def.node:
-        src = node.input[0].split(":")[0] if node.input else ""
+        if node.op != "ReadVariableOp":
+            continue
+        src, port, _ = parse_input(node.input[0])
         handle = nodes.get(src)
         if handle is None or handle.op != "Placeholder" or \
                 handle.attr["dtype"].type != tf.resource.as_datatype_enum:
             continue
-        name = src + ":0"
-        if node.op != "ReadVariableOp":
-            continue
-        hint = hints.get(node.name + ":0")
+        name = f"{src}:{port}"
+        hint = hints.get(f"{node.name}:0")
         spec = None if hint is None else tf.TensorSpec(hint.shape, hint.dtype)
         if spec is None or spec.dtype.as_datatype_enum != node.attr["dtype"].type or \
                 specs.get(name, spec) != spec:
-            unknown.add(name)
+            conflicting.add(name)
         else:
             specs[name] = spec
-    return {name: spec for name, spec in specs.items() if name not in unknown}
+    return {name: spec for name, spec in specs.items() if name not in conflicting}
 
 
 def _known_dims(shape: tf.TensorShape) -> int:
