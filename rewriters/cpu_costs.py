@@ -9,8 +9,12 @@ such measurements):
   elements (16 KiB: their memory time is negligible) against one;
 - "bandwidth": bytes per second of x * y over 8M elements (32 MiB per tensor,
   beyond any L3 cache);
-- "cache_speedup": the same op's bandwidth over 64K elements (256 KiB per
-  tensor, in L2), as a multiple of the DRAM bandwidth, within [1, 16];
+- "cache_speedup": how much faster a kernel re-reads a row it has just read
+  (it is in the core's cache) than it reads DRAM, within [1, 64]: one
+  core's bandwidth of numpy's x * y over tensors well inside its L2
+  (no TF op: TF's per-op overhead at that size would hide the cache's
+  speed), times the usable cores (each thread re-reads its own rows from its
+  own core's cache), over "bandwidth";
 - "compute": per primitive of fusion_ir.EXPENSIVE, seconds per element when
   the op is compute-bound here: over 1M elements, an op that takes longer
   than a cheap op of the same arity (same bytes) is limited by its
@@ -55,8 +59,9 @@ BUILTIN = {
     # tf.function cost 0.8-2.6 us on that machine.
     "launch": 2e-6,
     # Cache re-reads (a loop after the first reads the row's inputs again) are
-    # priced at bandwidth x this factor: L2 vs DRAM, ~4x on x86 servers.
-    "cache_speedup": 4.0,
+    # priced at bandwidth x this factor: two cores' L2 against DRAM, ~8x on
+    # that machine.
+    "cache_speedup": 8.0,
     # Per-row bytes that stay in cache between a row's loops: half of a 1 MiB
     # per-core L2.
     "row_cache_bytes": 512 * 1024,
@@ -69,7 +74,7 @@ BUILTIN = {
     "compute": {},
 }
 
-CALIBRATION_VERSION = "1"
+CALIBRATION_VERSION = "2"
 _SUFFIX = ".cpu-costs.json"
 
 # One TF function per primitive of fusion_ir.EXPENSIVE (inputs in [0.5, 1.5));
@@ -82,6 +87,10 @@ _UNARY_OPS: Dict[str, Callable] = {
 }
 _BINARY_OPS: Dict[str, Callable] = {"pow": tf.pow, "div": tf.math.truediv}
 assert set(_UNARY_OPS) | set(_BINARY_OPS) == set(ir.EXPENSIVE)
+
+# Cache re-reads at most this many times as fast as DRAM (a bound on what a
+# busy machine's measurement can claim).
+MAX_CACHE_SPEEDUP = 64.0
 
 # An op counts as compute-bound when it takes this much longer than a cheap
 # op over the same bytes (below it, timing noise on a shared machine).
@@ -149,7 +158,7 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = _usable_cores()
     threads = (tf.config.threading.get_intra_op_parallelism_threads(),
                tf.config.threading.get_inter_op_parallelism_threads())
     return f"{model}; {cores} cores; TF {tf.__version__}; threads {threads}"
@@ -176,28 +185,69 @@ def calibrate() -> Dict:
     doc. Every time is a median, less the same function's time on a small
     input (the call's own overhead); the memory costs are the medians of
     three such measurements, as a shared machine's load comes and goes."""
-    one, chain33, chain257 = _chain(_mul, 1), _chain(_mul, 33), _chain(_mul, 257)
+    one, chain257 = _chain(_mul, 1), _chain(_mul, 257)
     x, y = _inputs(1 << 12)                 # 16 KiB: memory time negligible
     big, big_ones = _inputs(1 << 23)        # 32 MiB per tensor: beyond any L3
-    small, small_ones = _inputs(1 << 16)    # 256 KiB per tensor: stays in L2
+    l2 = l2_cache_bytes()
     runs = []
     for _ in range(3):
+        core_cache = _core_cache_bandwidth(l2 or 512 * 1024)  # first: see its doc
         call = _median(one, x, y)
         launch = (_median(chain257, x, y) - call) / 256
         bandwidth = 12 * (1 << 23) / (_median(one, big, big_ones, rounds=9) - call)
-        per_op = (_median(chain33, small, small_ones) - _median(one, small, small_ones)) / 32
-        cache_speedup = 12 * (1 << 16) / max(per_op - launch, 1e-9) / bandwidth
-        runs.append((call, launch, bandwidth, cache_speedup))
-    call, launch, bandwidth, cache_speedup = (statistics.median(r) for r in zip(*runs))
+        runs.append((call, launch, bandwidth, core_cache))
+    call, launch, bandwidth, core_cache = (statistics.median(r) for r in zip(*runs))
     _check("launch", launch, 1e-8, 1e-3)
     _check("bandwidth", bandwidth, 1e8, 1e13)
+    _check("one core's cache bandwidth", core_cache, 1e8, 1e13)
+    cache_speedup = _usable_cores() * core_cache / bandwidth
     costs = dict(BUILTIN, launch=launch, bandwidth=bandwidth,
-                 cache_speedup=min(max(cache_speedup, 1.0), 16.0),
+                 cache_speedup=min(max(cache_speedup, 1.0), MAX_CACHE_SPEEDUP),
                  compute=_compute_costs(call))
-    l2 = l2_cache_bytes()
     if l2:
         costs["row_cache_bytes"] = l2 // 2
     return validate(costs)
+
+
+def _core_cache_bandwidth(l2_bytes: int) -> float:
+    """Bytes/s of one core's x * y (numpy, one thread) over three tensors
+    that together take a quarter of its L2, at most 128 KiB (the rows a
+    kernel re-reads are a few KiB; well inside the cache, a busy machine's
+    other work disturbs the measurement least): the median call less a tiny
+    call's. Measured after a short pause, as TF's pool threads spin for a
+    while after an op and would share the core."""
+    time.sleep(0.02)
+    n = max(min(l2_bytes // 4, 128 * 1024) // 12, 1024)
+    return 12 * n / max(_numpy_median(n) - _numpy_median(16), 1e-9)
+
+
+def _numpy_median(n: int, seconds: float = 0.02) -> float:
+    # The three tensors 64-byte aligned, as TF allocates tensors: numpy's own
+    # allocations of this size are only 16-byte aligned, and on a core with
+    # 64-byte vectors every misaligned access splits a cache line and runs
+    # at half speed.
+    padded = -(-n // 16) * 16
+    buffer = np.ones(3 * padded + 16, np.float32)
+    start = (-(buffer.ctypes.data // 4)) % 16
+    x, y, out = (buffer[start + i * padded:start + i * padded + n] for i in range(3))
+    x[:] = np.random.default_rng(0).uniform(0.5, 1.5, n)
+    np.multiply(x, y, out=out)  # first touch of the output's pages
+    # calls per sample: each sample about seconds / 21 long, whatever n is
+    start = time.perf_counter()
+    np.multiply(x, y, out=out)
+    reps = max(1, int(seconds / 21 / max(time.perf_counter() - start, 1e-7)))
+    times = []
+    for _ in range(21):
+        start = time.perf_counter()
+        for _ in range(reps):
+            np.multiply(x, y, out=out)
+        times.append((time.perf_counter() - start) / reps)
+    return statistics.median(times)
+
+
+def _usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
 
 
 def _compute_costs(call: float) -> Dict[str, float]:
