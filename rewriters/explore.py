@@ -1,7 +1,7 @@
 """fusion="explore": FusionStitching's fusion-plan exploration (PAPERS.md,
 section 1, "Two cost models" and "Exploring fusion plans").
 
-Four steps over the fusible nodes (clustering.fusible_nodes):
+Five steps over the fusible nodes (clustering.fusible_nodes):
 
 1. PatternReduction, an approximate dynamic program. Vertices are visited in
    post-order (every consumer before its producers). A vertex v keeps its top-k
@@ -32,6 +32,12 @@ Four steps over the fusible nodes (clustering.fusible_nodes):
    whose iteration spaces have the same static extents (build_schedule can
    only place two unconnected parts in one iteration space when it can
    identify their axes by static extent).
+5. Packs of separate iteration spaces (packing.py, as fusion="stitch" packs;
+   off with pack=False): kernels that no path connects, each keeping its own
+   loops, share one launch, under packing.py's rules (a pack never delays a
+   kernel on the longest path, nor a loop's next iteration, and holds a
+   bounded number of bytes). Its traffic is its members', so the evaluator
+   gains one launch per kernel that joins a pack.
 
 Delta evaluator f(P) = T_unfused - T_fused - T_penalty, in seconds, with the
 costs of cpu_costs.py (measured on this machine, or its builtin ones):
@@ -57,7 +63,7 @@ import time
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.rewriters import cpu_costs, op_table
+from tf_fusionstitch.rewriters import cpu_costs, op_table, packing
 from tf_fusionstitch.rewriters.clustering import LOWERING_ERRORS, Reachability, cpu_schedule
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.lowering import lower_nodes
@@ -73,7 +79,8 @@ class ExploreStats:
     legal_patterns: int = 0
     structures: int = 0             # distinct pattern keys among them, lowered once each
     merged: int = 0                 # kernels removed by merging neighbours
-    packed: int = 0                 # kernels removed by remote fusion
+    packed: int = 0                 # kernels removed by remote fusion (one space)
+    packed_apart: int = 0           # kernels removed by packs of separate spaces
     plan_score: float = 0.0         # final plan, delta evaluator: seconds saved per call
     seconds: float = 0.0
     costs: str = "builtin"          # where the evaluator's costs came from
@@ -83,7 +90,9 @@ class ExploreStats:
                 f"{self.patterns_checked} patterns checked ({self.legal_patterns} legal, "
                 f"{self.structures} distinct structures lowered), "
                 f"{self.merged} neighbour merge(s), "
-                f"{self.packed} kernel(s) packed by remote fusion, plan saves "
+                f"{self.packed} kernel(s) packed by remote fusion into a shared "
+                f"iteration space and {self.packed_apart} into packs of separate "
+                f"spaces, plan saves "
                 f"{self.plan_score * 1e6:.1f} us/call by the delta evaluator "
                 f"(costs: {self.costs}), {self.seconds:.2f} s")
 
@@ -426,13 +435,16 @@ def _span(unit: str, nodes, position: Dict[str, int]) -> Tuple[int, int, str]:
 
 def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
                   k: int = 3, beam: int = 3, costs: Optional[Dict] = None,
-                  costs_source: str = "builtin") -> Tuple[List[List[str]], ExploreStats]:
+                  costs_source: str = "builtin", pack: bool = True,
+                  carried: Set[Tensor] = frozenset()) -> Tuple[List[List[str]], ExploreStats]:
     """The explored plan: clusters (every candidate in exactly one, in
     topological order) and what the exploration did. `costs`: the delta
-    evaluator's (cpu_costs.py), cpu_costs.BUILTIN if None."""
+    evaluator's (cpu_costs.py), cpu_costs.BUILTIN if None. `pack`: step 5,
+    packing.py's packs; `carried`: a loop body's values the next iteration
+    reads (they pack with nothing)."""
     start = time.perf_counter()
-    explorer = _Explorer(view, candidates, fetches, k, beam,
-                         cpu_costs.validate(dict(costs or cpu_costs.BUILTIN)))
+    costs = cpu_costs.validate(dict(costs or cpu_costs.BUILTIN))
+    explorer = _Explorer(view, candidates, fetches, k, beam, costs)
     explorer.stats.costs = costs_source
     plan = explorer.best_plan(explorer.candidate_patterns())
     kernels = explorer.refine(plan)
@@ -441,5 +453,12 @@ def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
     groups = [sorted(p, key=view.position.get) for p in kernels]
     groups += [[n] for n in candidates if n not in covered]
     groups.sort(key=lambda g: view.position[g[0]])
+    if pack:
+        # 5. Packs of kernels in iteration spaces of their own: each unit
+        # that joins one launch fewer (packing.py only joins units that launch).
+        unpacked = len(groups)
+        groups = packing.pack_clusters(view, groups, fetches, carried)
+        explorer.stats.packed_apart = unpacked - len(groups)
+        explorer.stats.plan_score += explorer.stats.packed_apart * costs["launch"]
     explorer.stats.seconds = time.perf_counter() - start
     return groups, explorer.stats

@@ -191,7 +191,8 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
     elif fusion == "explore":
         groups, stats = explore.form_clusters(view, candidates, fetches,
                                               k=explore_k, beam=explore_beam, costs=costs,
-                                              costs_source=costs_source)
+                                              costs_source=costs_source, pack=pack,
+                                              carried=context.carried)
         exploration = str(stats)
     else:
         groups = clustering.form_clusters(view, candidates, fetches)

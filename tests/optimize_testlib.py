@@ -159,7 +159,7 @@ def optimize_and_run(fn, *args, min_cluster_ops: int = 1, **options):
     """(optimized, TF result, optimized result) for one call on `args`.
     Kernels are not packed unless `pack=True` is passed: these tests count
     clusters per op; tests/test_packing.py covers packing."""
-    if options.get("fusion", "stitch") == "stitch":
+    if options.get("fusion", "stitch") != "xla_like":
         options.setdefault("pack", False)
     opt = fs.optimize(fn, min_cluster_ops=min_cluster_ops, **options)
     expected = fn(*args)

@@ -211,9 +211,9 @@ class PackingTest(tf.test.TestCase):
         self.assertLen(kernels, 1)
         self.assertEqual(kernels[0].parts, 1, kernels[0].tf_ops)
 
-    def test_pack_is_an_option_of_stitch_only(self):
+    def test_pack_is_not_an_option_of_xla_like(self):
         f = tf.function(lambda x: tf.tanh(x) * 2.0)
-        with self.assertRaisesRegex(ValueError, "pack applies only to fusion='stitch'"):
+        with self.assertRaisesRegex(ValueError, "pack applies to fusion='stitch' and 'explore'"):
             fs.optimize(f, fusion="xla_like", pack=True)
 
     def test_a_packed_train_step_matches_tf_over_steps(self):

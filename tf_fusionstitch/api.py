@@ -46,8 +46,8 @@ _OPTIONS = {
     "costs": (str, "calibrated", "fusion='explore': the delta evaluator's costs, "
               "'calibrated' (measured on this machine once, then cached: "
               "rewriters/cpu_costs.py) or 'builtin'"),
-    "pack": (bool, True, "fusion='stitch': pack kernels that no path connects into one "
-             "launch (rewriters/packing.py)"),
+    "pack": (bool, True, "fusion='stitch' or 'explore': pack kernels that no path connects "
+             "into one launch (rewriters/packing.py)"),
     "rewrite_cache": (bool, True, "reuse the rewrite of an identical traced graph from the "
                       "disk cache (tf_fusionstitch/rewrite_cache.py)"),
     "specialize": (bool, True, "where a call's arguments make dynamic sizes equal that decide "
@@ -419,7 +419,7 @@ def optimize(fn, **options) -> OptimizedFunction:
     both for fusion="explore" only, as is costs ("calibrated", the default:
     the plan's costs measured on this machine once, then cached; or
     "builtin"; rewriters/cpu_costs.py); pack (bool, default True; fusion="stitch"
-    only): kernels that no path connects share one launch; rewrite_cache (bool, default True): reuse
+    or "explore"): kernels that no path connects share one launch; rewrite_cache (bool, default True): reuse
     the rewrite of an identical traced graph (same options, TensorFlow and
     tf_fusionstitch code) from the disk cache, tf_fusionstitch/rewrite_cache.py.
     """
@@ -449,10 +449,10 @@ def optimize(fn, **options) -> OptimizedFunction:
         resolved.setdefault(key, default)
     if resolved["min_cluster_ops"] < 1:
         raise ValueError("optimize() option min_cluster_ops must be at least 1")
-    if "pack" in options and resolved["fusion"] != "stitch":
-        raise ValueError(f"optimize() option pack applies only to fusion='stitch' (got "
-                         f"fusion={resolved['fusion']!r}: xla_like never packs, explore packs "
-                         f"by its own search); drop pack")
+    if "pack" in options and resolved["fusion"] == "xla_like":
+        raise ValueError("optimize() option pack applies to fusion='stitch' and 'explore' "
+                         "(got fusion='xla_like', which never packs, as XLA does not); "
+                         "drop pack")
     for key in _EXPLORE_ONLY:
         if key in options and resolved["fusion"] != "explore":
             raise ValueError(f"optimize() option {key} applies only to fusion='explore' "
