@@ -143,7 +143,8 @@ class _Explorer:
             compute = self._compute_alone.get(name, 0.0)
             if self.costs["compute"] and name not in self._compute_alone:
                 try:  # an op whose pattern alone was not scored yet
-                    compute = self._compute(lower_nodes(view, [name], self.fetches).cluster)
+                    compute = self._compute(lower_nodes(view, [name], self.fetches,
+                                                        validate=False).cluster)
                 except LOWERING_ERRORS:
                     pass
             self._alone[name] = self.costs["launch"] + max(
@@ -213,8 +214,9 @@ class _Explorer:
             self.stats.structures += 1
             known = (None, None, None)
             try:
+                # Priced only: fusion_pass lowers the chosen kernels again, validated.
                 lowered = lower_nodes(self.view, sorted(nodes, key=self.view.position.get),
-                                      self.fetches)
+                                      self.fetches, validate=False)
                 schedule = cpu_schedule(lowered.cluster)
                 space = None if None in schedule.static_extent else (
                     schedule.tiled, tuple(sorted(schedule.static_extent)))

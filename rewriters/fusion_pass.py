@@ -199,8 +199,16 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
         if pack:
             groups = packing.pack_clusters(view, groups, fetches, context.carried)
     lowered: List[LoweredCluster] = []
+    reports: List[ClusterReport] = []
     for nodes in groups:
-        lc = lower_nodes(view, nodes, fetches)
+        try:
+            lc = lower_nodes(view, nodes, fetches)
+        except clustering.LOWERING_ERRORS as e:
+            # A plan priced without the cluster checks (explore) whose
+            # cluster fails them: its ops stay TF ops, as any failed kernel's.
+            reports.append(ClusterReport(nodes[0], [(n, view.nodes[n].op) for n in nodes],
+                                         False, reason=f"lowering: {e}"))
+            continue
         if _worth_a_kernel(lc.cluster, min_cluster_ops):
             lowered.append(lc)
 
@@ -208,7 +216,7 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
     results = _build_all(build, [lc.cluster for lc in lowered])
     compile_seconds = time.perf_counter() - start
 
-    replacements, reports = [], []
+    replacements = []
     for lc, (kernel, error) in zip(lowered, results):
         tf_ops = [(n, view.nodes[n].op) for n in lc.nodes]
         if kernel is None:

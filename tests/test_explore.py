@@ -166,6 +166,43 @@ class WideRowsTest(tf.test.TestCase):
             self.assertEqual(opt.report().kernels_after, 1, f"{costs}: {opt.report()}")
 
 
+class UncheckedPricingTest(tf.test.TestCase):
+
+    def test_a_chosen_cluster_that_fails_its_checks_stays_tf_ops(self):
+        """Explore prices clusters without ir.Cluster.validate; the kernels it
+        chooses are lowered again with it. One that fails there (here: a
+        tanh with other ops, by a patched check; the tanh alone passes, so
+        it is a candidate) stays TF ops, with the reason in the report, and
+        the function's results are TF's."""
+        from tf_fusionstitch import fusion_ir as ir
+
+        @tf.function(input_signature=[tf.TensorSpec([None, HIDDEN])] * 2)
+        def f(x, y):
+            return tf.tanh(x * 2.0 + 1.0), tf.exp(y * 0.5) - 1.0
+
+        def refuse_tanh(cluster):
+            if len(cluster.ops) > 1 and any(op.prim == "tanh" for op in cluster.ops):
+                raise ir.SpecError("refused by the test")
+            return real(cluster)
+
+        gen = rng(9588)
+        args = (random(gen, (6, HIDDEN), "float32"), random(gen, (6, HIDDEN), "float32"))
+        real, ir.Cluster.validate = ir.Cluster.validate, refuse_tanh
+        try:
+            opt = fs.optimize(f, fusion="explore", pack=False, rewrite_cache=False)
+            with self.assertWarnsRegex(RuntimeWarning, "lowering: refused by the test"):
+                actual = opt(*args)
+        finally:
+            ir.Cluster.validate = real
+        for a, e in zip(actual, f(*args)):
+            assert_same(self, a, e, "transcendental")
+        report = opt.report()
+        refused = [c for c in report.fallbacks if "refused by the test" in c.reason]
+        self.assertLen(refused, 1, str(report))
+        self.assertIn("Tanh", {t for _, t in refused[0].tf_ops})
+        self.assertLen(report.fused_clusters, 1, str(report))
+
+
 class NeighbourMergeTest(tf.test.TestCase):
 
     def test_two_computed_producers_of_one_op_join_one_kernel(self):
