@@ -25,7 +25,9 @@ For each model of benchmarks/models/ (its training step, and BERT's inference to
             model built from the same seed (identical initial weights, checked); calls are
             interleaved (one call of each per round, in a new random order) after --warmup
             rounds; each time is time.perf_counter around one call whose result is not copied
-            out (eager CPU execution returns when the work is done).
+            out (eager CPU execution returns when the work is done). The details also give
+            fs against xla_like round by round (the median and middle half of xla_like's
+            time over fs's in each round), which a busy machine's drift does not move.
   diff      |loss - TF's loss| of the first step (before any update), for each contender; for
             inference, the max abs difference of the outputs. A difference above
             --rtol * max(1, |TF|) is flagged in the notes, and the model is still timed.
@@ -272,7 +274,14 @@ def run_row(name, function, sizes, batch_size, cache_root, calibration=None):
                     times[label].append(time.perf_counter() - t0)
         row["ms"] = {k: 1e3 * statistics.median(v) for k, v in times.items()}
         row["spread"] = {k: 1e3 * (max(v) - min(v)) for k, v in times.items()}
-        print("    median ms: " + ", ".join(f"{k} {v:.1f}" for k, v in row["ms"].items()),
+        if "fs" in times and "xla_like" in times:
+            # Within a round both ran under the same load: the per-round ratio
+            # cancels the machine's drift, which the medians' ratio does not.
+            paired = [x / f for x, f in zip(times["xla_like"], times["fs"])]
+            row["paired"] = tuple(float(q) for q in np.percentile(paired, [25, 50, 75]))
+        print("    median ms: " + ", ".join(f"{k} {v:.1f}" for k, v in row["ms"].items())
+              + ("; fs vs xla_like round by round: median {1:.3f}x, middle half "
+                 "{0:.3f}-{2:.3f}x".format(*row["paired"]) if "paired" in row else ""),
               flush=True)
     except Exception as e:
         row["notes"].append(f"failed at {stage}: {_one_line(e)}")
@@ -446,6 +455,9 @@ def markdown(rows, load, seconds, sizes_text, source, during, calibration_text=N
                 + (" Step-time spread (max - min of the timed calls): " +
                    ", ".join(f"{k} {v:.3g} ms" for k, v in r["spread"].items()) + "."
                    if r.get("spread") else "")
+                + (" fs vs xla_like round by round (xla_like's time over fs's in the same "
+                   "round): median {1:.3f}x, middle half {0:.3f}-{2:.3f}x.".format(*r["paired"])
+                   if r.get("paired") else "")
                 + (f" Exploration: {r['exploration']}." if r.get("exploration") else ""))
     lines += ["", "Details:", ""] + details
     lines += ["", "Notes:", ""] + (notes or ["- none: every contender ran on every row "

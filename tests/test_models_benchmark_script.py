@@ -47,3 +47,9 @@ def test_tiny_bert_rows_have_ordered_kernel_counts(tmp_path):
         for ms in cells[7:11]:  # TF, XLA, xla_like and fs each ran
             assert float(ms) > 0, (function, cells)
     assert "failed" not in section and "differs from TF" not in section, section
+    # per row, fs against xla_like round by round: median inside its middle half
+    paired = re.findall(r"round by round \(xla_like's time over fs's in the same round\): "
+                        r"median ([\d.]+)x, middle half ([\d.]+)-([\d.]+)x", section)
+    assert len(paired) == 2, section
+    for median, low, high in paired:
+        assert 0 < float(low) <= float(median) <= float(high), paired
