@@ -228,8 +228,8 @@ def _numpy_median(n: int, seconds: float = 0.02) -> float:
     # at half speed.
     padded = -(-n // 16) * 16
     buffer = np.ones(3 * padded + 16, np.float32)
-    start = (-(buffer.ctypes.data // 4)) % 16
-    x, y, out = (buffer[start + i * padded:start + i * padded + n] for i in range(3))
+    offset = (-(buffer.ctypes.data // 4)) % 16
+    x, y, out = (buffer[offset + i * padded:offset + i * padded + n] for i in range(3))
     x[:] = np.random.default_rng(0).uniform(0.5, 1.5, n)
     np.multiply(x, y, out=out)  # first touch of the output's pages
     # calls per sample: each sample about seconds / 21 long, whatever n is
