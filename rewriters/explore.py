@@ -457,7 +457,8 @@ def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
     groups.sort(key=lambda g: view.position[g[0]])
     if pack:
         # 5. Packs of kernels in iteration spaces of their own: each unit
-        # that joins one launch fewer (packing.py only joins units that launch).
+        # that joins a pack saves one launch (packing.py packs only units
+        # that launch).
         unpacked = len(groups)
         groups = packing.pack_clusters(view, groups, fetches, carried)
         explorer.stats.packed_apart = unpacked - len(groups)

@@ -419,9 +419,10 @@ def optimize(fn, **options) -> OptimizedFunction:
     both for fusion="explore" only, as is costs ("calibrated", the default:
     the plan's costs measured on this machine once, then cached; or
     "builtin"; rewriters/cpu_costs.py); pack (bool, default True; fusion="stitch"
-    or "explore"): kernels that no path connects share one launch; rewrite_cache (bool, default True): reuse
-    the rewrite of an identical traced graph (same options, TensorFlow and
-    tf_fusionstitch code) from the disk cache, tf_fusionstitch/rewrite_cache.py.
+    or "explore"): kernels that no path connects share one launch;
+    rewrite_cache (bool, default True): reuse the rewrite of an identical
+    traced graph (same options, TensorFlow and tf_fusionstitch code) from the
+    disk cache, tf_fusionstitch/rewrite_cache.py.
     """
     if not isinstance(fn, (tf.types.experimental.GenericFunction,
                            tf.types.experimental.ConcreteFunction)):
