@@ -73,8 +73,13 @@ class Context:
     functions the graph calls (dim_origins.py, call_dims.py)."""
     arg_facts: Optional[Dict[str, Facts]] = None
     calls: Optional[object] = None      # call_dims.CallDims
-    # A loop body's return values: what the next iteration reads.
-    carried: frozenset = frozenset()
+    # A loop body's variables, (argument node, value returned for it), in order.
+    loop_vars: tuple = ()
+
+    @property
+    def carried(self) -> frozenset:
+        """A loop body's return values: what the next iteration reads."""
+        return frozenset(ret for _, ret in self.loop_vars)
 
     def origins(self, view: GraphView, fetches: Set[Tensor],
                 equal_inputs: Set["InputPair"] = frozenset()) -> DimOrigins:

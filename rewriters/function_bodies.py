@@ -62,7 +62,7 @@ class FunctionReport:
         return bool(self.new_name)
 
 
-# run_pass(body graph_def, types, fetches, arg_facts=, carried=) -> PassResult
+# run_pass(body graph_def, types, fetches, arg_facts=, loop_vars=) -> PassResult
 # (fusion_pass.py)
 RunPass = Callable[[object, Dict[Tensor, Optional[ir.TensorType]], Set[Tensor]], object]
 
@@ -253,7 +253,8 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass, functions: Func
         try:
             arg_facts = None if facts is None else dict(zip(conv.args, facts))
             result = run_pass(body, body_types, set(conv.fetches), arg_facts=arg_facts,
-                              carried=conv.rets if loop_body else ())
+                              loop_vars=tuple(zip(conv.args, conv.rets)) if loop_body
+                              else ())
             results[fname] = result
         except Exception as e:  # noqa: BLE001
             report.reason = f"not rewritten: {type(e).__name__}: {e}"

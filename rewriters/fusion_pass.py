@@ -117,8 +117,8 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
     library = function_graphs.FunctionGraphs(graph_def.library, graph_def.versions)
     calls = call_dims.CallDims(library) if graph_def.library.function else None
 
-    def run_pass(gd, gd_types, gd_fetches, inputs=None, arg_facts=None, carried=frozenset()):
-        context = decided_shapes.Context(arg_facts, calls, frozenset(carried))
+    def run_pass(gd, gd_types, gd_fetches, inputs=None, arg_facts=None, loop_vars=()):
+        context = decided_shapes.Context(arg_facts, calls, tuple(loop_vars))
         return _fuse_graph(gd, gd_types, gd_fetches, build, min_cluster_ops, fusion,
                            explore_k, explore_beam, pack, costs, costs_source, inputs, context)
 
@@ -192,7 +192,7 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
         groups, stats = explore.form_clusters(view, candidates, fetches,
                                               k=explore_k, beam=explore_beam, costs=costs,
                                               costs_source=costs_source, pack=pack,
-                                              carried=context.carried)
+                                              loop_vars=context.loop_vars)
         exploration = str(stats)
     else:
         groups = clustering.form_clusters(view, candidates, fetches)
