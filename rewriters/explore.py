@@ -32,7 +32,9 @@ Five steps over the fusible nodes (clustering.fusible_nodes):
    the union is legal, makes no cycle with the rest of the plan, and scores
    more than the two apart.
 4. Remote fusion (kernel packing): kernels that are not connected are merged
-   into one packed kernel under the same three conditions. Steps 3 and 4 are
+   into one packed kernel under the same three conditions, when packing.py's
+   start windows admit them together (a kernel on a longest path waits for
+   little work that could wait). Steps 3 and 4 are
    this pass's stand-in for the paper's second PatternReduction round from a
    virtual producer of every vertex; packing is tried only between kernels
    whose iteration spaces have the same static extents (build_schedule can
@@ -417,6 +419,10 @@ class _Explorer:
         # 4. Remote fusion: kernels with the same static iteration space,
         # visited in topological order, join the first open pack they can.
         kernels = sorted(members, key=lambda u: view.position[members[u][0]])
+        windows = packing.start_windows(view, [members[u] for u in kernels], self.fetches)
+        if windows is None:  # the plan's kernels feed each other: pack nothing
+            return [frozenset(m) for m in members.values()]
+        window = dict(zip(kernels, windows))
         open_packs: Dict[tuple, List[str]] = {}  # iteration-space key -> pack units
         for unit in kernels:
             p = frozenset(members[unit])
@@ -424,9 +430,12 @@ class _Explorer:
             if key is None or not any(self._launches.get(n) for n in p):
                 continue
             for i, pack_unit in enumerate(open_packs.get(key, [])):
+                if not window[pack_unit].admits(window[unit]):
+                    continue
                 packed = merge(pack_unit, unit)
                 if packed is not None:
                     open_packs[key][i] = packed
+                    window[packed] = window[pack_unit].joined(window[unit])
                     self.stats.packed += 1
                     break
             else:

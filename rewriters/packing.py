@@ -14,6 +14,13 @@ else opens one. A unit joins a pack when
   its members could, so a kernel on the critical path never waits for one
   computed off it (a recurrent cell's gate beside its state update), while
   an optimizer's updates, which nothing waits for, still share a launch;
+- a kernel on a longest path (one that cannot start later without
+  lengthening it) shares a launch with kernels that could wait only while
+  those move at most DELAY_BYTES in all: a pack also ends when its last
+  part does, so a backward pass's kernel packed with weight updates that
+  could wait made every later layer wait for them (CRNN's train step ran
+  3% slower than with no packs), while a bias's update delays it by
+  microseconds;
 - in a loop's body, a kernel that computes a value the next iteration
   reads (a loop variable: `carried`) is packed with nothing: a pack ends
   when its slowest member does, TensorFlow starts an iteration's
@@ -42,10 +49,11 @@ result (TF fuses it into that).
 
 from __future__ import annotations
 
-from typing import Dict, List, Set
+import dataclasses
+from typing import Dict, List, Optional, Set
 
 from tf_fusionstitch.rewriters import op_table
-from tf_fusionstitch.rewriters.cpu_costs import DYNAMIC_EXTENT
+from tf_fusionstitch.rewriters.cpu_costs import BUILTIN, DYNAMIC_EXTENT
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 
 # Inputs plus outputs of one pack, bytes, at most (dimensions unknown at
@@ -53,6 +61,12 @@ from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 PACK_MAX_BYTES = 64 << 20
 # Open packs a unit tries, the most recently grown first.
 PACK_CANDIDATES = 8
+# Bytes that kernels which could wait may move in a pack with one on a
+# longest path: half of a core's L2 (cpu_costs.BUILTIN's row_cache_bytes),
+# a wait of microseconds (18 us at BUILTIN's bandwidth), a few launches'
+# worth. The packs that made CRNN's step slower held 2-25 MB of weight
+# updates; DIEN's Adam updates of biases and small weights, 0.3-0.5 MB.
+DELAY_BYTES = BUILTIN["row_cache_bytes"]
 
 
 def pack_clusters(view: GraphView, groups: List[List[str]], fetches: Set[Tensor],
@@ -67,17 +81,16 @@ def pack_clusters(view: GraphView, groups: List[List[str]], fetches: Set[Tensor]
              and not any(view.nodes[n].op in _OWN_KERNELS for n in g)]
     units.sort(key=lambda g: max(position[n] for n in g))
     single = [launches[id(g)] == 1 for g in units]
-    graph = _unit_graph(view, groups, units)
+    size = [_boundary_bytes(view, g, fetches) for g in units]
+    graph = _unit_graph(view, groups, units, size)
     if graph is None:
         return groups
-    desc, earliest, latest = graph
+    desc, windows = graph
     alone = _carrying(view, units, carried)
-    size = [_boundary_bytes(view, g, fetches) for g in units]
 
     members: Dict[int, List[int]] = {}   # pack id (its first unit) -> units
     mask: Dict[int, int] = {}            # pack id -> bit set of its units
-    start: Dict[int, int] = {}           # pack id -> its members' latest earliest start
-    deadline: Dict[int, int] = {}        # pack id -> its members' earliest latest start
+    window: Dict[int, StartWindow] = {}  # pack id -> when it may start
     recent: List[int] = []               # open pack ids, most recently grown last
     absorbed: Set[int] = set()           # units inside a pack of another id
     for u in range(len(units)):
@@ -85,13 +98,13 @@ def pack_clusters(view: GraphView, groups: List[List[str]], fetches: Set[Tensor]
         if size[u] <= PACK_MAX_BYTES and u not in alone:
             for p in reversed(recent[-PACK_CANDIDATES:]):
                 fits = sum(size[m] for m in members[p]) + size[u] <= PACK_MAX_BYTES
-                on_time = max(start[p], earliest[u]) <= min(deadline[p], latest[u])
-                if fits and on_time and not desc[p] & (1 << u) and not desc[u] & mask[p]:
+                if fits and window[p].admits(windows[u]) and not desc[p] & (1 << u) \
+                        and not desc[u] & mask[p]:
                     joined = p
                     break
         if joined is None:
             members[u], mask[u] = [u], 1 << u
-            start[u], deadline[u] = earliest[u], latest[u]
+            window[u] = windows[u]
             if u not in alone:   # no other unit joins it either
                 recent.append(u)
             continue
@@ -107,8 +120,7 @@ def pack_clusters(view: GraphView, groups: List[List[str]], fetches: Set[Tensor]
                 desc[q] |= both
         desc[joined] = both
         mask[joined] = grown
-        start[joined] = max(start[joined], earliest[u])
-        deadline[joined] = min(deadline[joined], latest[u])
+        window[joined] = window[joined].joined(windows[u])
         recent.remove(joined)
         recent.append(joined)
 
@@ -135,12 +147,48 @@ _FREE_OPS = frozenset({"Identity", "IdentityN", "NoOp", "Const", "Placeholder", 
                        "_Retval", "ReadVariableOp", "Reshape", "StopGradient", "Snapshot"})
 
 
-def _unit_graph(view: GraphView, groups: List[List[str]], units: List[List[str]]):
+@dataclasses.dataclass(frozen=True)
+class StartWindow:
+    """When a kernel (or a pack) may start, in ops along the graph's paths:
+    no earlier than its inputs exist, no later than the longest path
+    through the graph allows; and what in it could wait."""
+    earliest: int
+    latest: int
+    critical: bool     # holds a kernel on a longest path (it cannot start later)
+    waiting_bytes: int  # bytes moved by its kernels that could start later
+
+    def admits(self, other: "StartWindow") -> bool:
+        """Whether one launch may run both (the rules above): it starts when
+        the later could and before either must, and a kernel on a longest
+        path waits for at most DELAY_BYTES of others' work."""
+        if max(self.earliest, other.earliest) > min(self.latest, other.latest):
+            return False
+        return not (self.critical or other.critical) or \
+            self.waiting_bytes + other.waiting_bytes <= DELAY_BYTES
+
+    def joined(self, other: "StartWindow") -> "StartWindow":
+        return StartWindow(max(self.earliest, other.earliest),
+                           min(self.latest, other.latest), self.critical or other.critical,
+                           self.waiting_bytes + other.waiting_bytes)
+
+
+def start_windows(view: GraphView, groups: List[List[str]],
+                  fetches: Set[Tensor]) -> Optional[List[StartWindow]]:
+    """Each group's StartWindow, every group one node of the graph; None
+    if the groups feed each other in a cycle."""
+    sizes = [_boundary_bytes(view, g, fetches) for g in groups]
+    graph = _unit_graph(view, groups, groups, sizes)
+    return None if graph is None else graph[1]
+
+
+def _unit_graph(view: GraphView, groups: List[List[str]], units: List[List[str]],
+                sizes: List[int]):
     """In the graph where every group is one node (a path may enter a
     cluster at one node and leave it at another), per unit: the bit set of
-    units a path from it reaches (data or control), its earliest start (the
-    longest path to it, in ops) and its latest start that does not lengthen
-    the longest path through the graph. None if the groups feed each other
+    units a path from it reaches (data or control) and its StartWindow
+    (earliest start: the longest path to it, in ops; latest: the latest
+    start that does not lengthen the longest path through the graph;
+    `sizes`: the units' boundary bytes). None if the groups feed each other
     in a cycle (the strategies never leave one; nothing is packed then)."""
     node_of: Dict[str, object] = {n: ("group", i) for i, g in enumerate(groups) for n in g}
     unit_bit = {node_of[g[0]]: 1 << u for u, g in enumerate(units)}
@@ -182,8 +230,12 @@ def _unit_graph(view: GraphView, groups: List[List[str]], units: List[List[str]]
         below[a], height[a] = bits, weight[a] + tail
     longest = max(earliest[a] + height[a] for a in order)
     keys = [node_of[g[0]] for g in units]
-    return ([below[a] for a in keys], [earliest[a] for a in keys],
-            [longest - height[a] for a in keys])
+    windows = []
+    for a, size in zip(keys, sizes):
+        latest = longest - height[a]
+        critical = earliest[a] == latest
+        windows.append(StartWindow(earliest[a], latest, critical, 0 if critical else size))
+    return [below[a] for a in keys], windows
 
 
 def _carrying(view: GraphView, units: List[List[str]], carried: Set[Tensor]) -> Set[int]:

@@ -269,12 +269,17 @@ class RemoteFusionTest(tf.test.TestCase):
     def test_packing_never_closes_a_cycle(self):
         """c = x * 0.5 is independent of the chain on y only in appearance:
         y = relu(c) feeds the matmul whose result feeds the chain, so packing
-        c with that chain would make a kernel that waits for itself."""
+        c with that chain would make a kernel that waits for itself. A
+        longer chain of matmuls leaves every kernel time to wait, so that
+        only the cycle check keeps them apart."""
         @tf.function(input_signature=[tf.TensorSpec([8, 8])] * 2)
         def f(x, w):
             c = tf.exp(x * 0.5)
             y = tf.matmul(tf.nn.relu(c - 1.0), w)
-            return tf.tanh(y * 2.0) + 1.0, tf.sigmoid(x) * 3.0
+            longer = w
+            for _ in range(6):
+                longer = tf.matmul(longer, w)
+            return tf.tanh(y * 2.0) + 1.0, tf.sigmoid(x) * 3.0, longer
 
         gen = rng(9610)
         args = (random(gen, (8, 8), "float32"), random(gen, (8, 8), "float32"))
@@ -284,6 +289,26 @@ class RemoteFusionTest(tf.test.TestCase):
         # exp-relu chain and sigmoid-mul pack (both read only x); the chain
         # after the matmul cannot join them: 2 kernels.
         self.assertEqual(opt.report().kernels_after, 2, str(opt.report()))
+
+    def test_remote_fusion_keeps_the_longest_path_from_waiting(self):
+        """The tanh kernel starts a path through two matmuls; the exp kernel
+        of the same iteration space could run any time before the end.
+        Remote fusion would share their loops, so the matmuls would wait for
+        2 MB of exp; packing.py's start windows keep them apart."""
+        @tf.function(input_signature=[tf.TensorSpec([512, 512])] * 3)
+        def f(x, w, side):
+            m = tf.matmul(tf.matmul(tf.tanh(x * 2.0) + 1.0, w), w)
+            return tf.sigmoid(m) * 3.0, tf.exp(side * 0.5) - 1.0
+
+        gen = rng(9630)
+        args = (random(gen, (512, 512), "float32"), random(gen, (512, 512), "float32") * 0.05,
+                random(gen, (512, 512), "float32"))
+        opt = fs.optimize(f, fusion="explore")
+        for a, e in zip(quiet_call(opt, *args), f(*args)):
+            assert_same(self, a, e, "transcendental")
+        report = opt.report()
+        self.assertEqual(report.kernels_after, 3, str(report))
+        self.assertIn(" 0 kernel(s) packed by remote fusion", str(report))
 
     def test_plan_never_holds_two_patterns_that_feed_each_other(self):
         """{a1, a2} and {b1, b2} are each legal, but a1 feeds b2 and b1 feeds

@@ -160,6 +160,36 @@ class PackingTest(tf.test.TestCase):
             packing.PACK_MAX_BYTES = old
         self.assertLen(fusion_stitch_nodes(opt.graph_def), 2)
 
+    def _longest_path_beside(self, side_shape):
+        """A kernel on the longest path (tanh, then two matmuls, then the
+        sigmoid kernel) beside an independent exp kernel of `side_shape`
+        that could run any time before the end: the kernels' op types, per
+        FusionStitch node."""
+        @tf.function
+        def f(x, w, side):
+            m = tf.matmul(tf.matmul(tf.tanh(x * 2.0) + 1.0, w), w)
+            return tf.sigmoid(m) * 3.0, tf.exp(side * 0.5) - 1.0
+
+        gen = rng(13)
+        args = [random(gen, (8, 8), "float32"), random(gen, (8, 8), "float32") * 0.3,
+                random(gen, side_shape, "float32")]
+        return _fused_sets(self._check(f, *args))
+
+    def test_a_kernel_on_the_longest_path_waits_for_no_megabytes(self):
+        # 8 MB of exp kernel in a pack with the tanh would make the matmuls,
+        # and all after them, wait for it; TF runs it on the other core.
+        sets = self._longest_path_beside((1024, 1024))
+        self.assertLen(sets, 3, sets)
+        for ops in sets:
+            self.assertFalse("Exp" in ops and ("Tanh" in ops or "Sigmoid" in ops), sets)
+
+    def test_a_kernel_on_the_longest_path_takes_small_work_along(self):
+        # 512 bytes of exp kernel: a wait of nanoseconds saves a launch.
+        sets = self._longest_path_beside((8, 16))
+        self.assertLen(sets, 2, sets)
+        self.assertTrue(any("Exp" in ops and ("Tanh" in ops or "Sigmoid" in ops)
+                            for ops in sets), sets)
+
     def test_lone_ops_join_a_fused_kernel_launch_only(self):
         # One op alone stays TF's (nothing fuses). Beside a fused kernel it
         # joins that launch; two lone ops do not make a launch of their own,
