@@ -113,9 +113,11 @@ Pattern = FrozenSet[str]
 
 class _Explorer:
     def __init__(self, view: GraphView, candidates: Set[str], fetches: Set[Tensor],
-                 k: int, beam: int, costs: Dict, recurrence: Dict[str, int]):
+                 k: int, beam: int, costs: Dict,
+                 recurrence: Optional[Dict[str, int]] = None):
         self.view, self.candidates, self.fetches = view, candidates, fetches
-        self.recurrence = recurrence   # node -> its loop recurrence (recurrences.py)
+        # node -> its loop recurrence (recurrences.py); none outside loops
+        self.recurrence = recurrence or {}
         self.k, self.beam, self.costs = k, beam, costs
         self.stats = ExploreStats(k, beam)
         self._cache: Dict[Pattern, Optional[float]] = {}
