@@ -14,9 +14,10 @@ else opens one. A unit joins a pack when
   its members could, so a kernel on the critical path never waits for one
   computed off it (a recurrent cell's gate beside its state update), while
   an optimizer's updates, which nothing waits for, still share a launch;
-- a kernel on a longest path (one that cannot start later without
-  lengthening it) shares a launch with kernels that could wait only while
-  those move at most DELAY_BYTES in all: a pack also ends when its last
+- a kernel on or near a longest path (one that cannot start more than
+  NEAR_LONGEST_OPS later without lengthening it) shares a launch with
+  kernels that could wait only while those move at most DELAY_BYTES in
+  all: a pack also ends when its last
   part does, so a backward pass's kernel packed with weight updates that
   could wait made every later layer wait for them (CRNN's train step ran
   3% slower than with no packs), while a bias's update delays it by
@@ -63,10 +64,15 @@ PACK_MAX_BYTES = 64 << 20
 PACK_CANDIDATES = 8
 # Bytes that kernels which could wait may move in a pack with one on a
 # longest path: half of a core's L2 (cpu_costs.BUILTIN's row_cache_bytes),
-# a wait of microseconds (18 us at BUILTIN's bandwidth), a few launches'
-# worth. The packs that made CRNN's step slower held 2-25 MB of weight
+# a wait of microseconds (18 us at BUILTIN's bandwidth, nine launches'
+# worth). The packs that made CRNN's step slower held 2-25 MB of weight
 # updates; DIEN's Adam updates of biases and small weights, 0.3-0.5 MB.
 DELAY_BYTES = BUILTIN["row_cache_bytes"]
+# Ops a kernel may start later than it can and still count as on the
+# longest path: it runs beside it anyway (BERT's key and value kernels, 2
+# ops off the query's path, share a launch with it). The weight updates
+# that could wait in CRNN's slow packs had 7 ops and more to spare.
+NEAR_LONGEST_OPS = 2
 
 
 def pack_clusters(view: GraphView, groups: List[List[str]], fetches: Set[Tensor],
@@ -154,13 +160,13 @@ class StartWindow:
     through the graph allows; and what in it could wait."""
     earliest: int
     latest: int
-    critical: bool     # holds a kernel on a longest path (it cannot start later)
+    critical: bool     # holds a kernel on or near a longest path
     waiting_bytes: int  # bytes moved by its kernels that could start later
 
     def admits(self, other: "StartWindow") -> bool:
         """Whether one launch may run both (the rules above): it starts when
-        the later could and before either must, and a kernel on a longest
-        path waits for at most DELAY_BYTES of others' work."""
+        the later could and before either must, and a kernel on or near a
+        longest path waits for at most DELAY_BYTES of others' work."""
         if max(self.earliest, other.earliest) > min(self.latest, other.latest):
             return False
         return not (self.critical or other.critical) or \
@@ -233,7 +239,7 @@ def _unit_graph(view: GraphView, groups: List[List[str]], units: List[List[str]]
     windows = []
     for a, size in zip(keys, sizes):
         latest = longest - height[a]
-        critical = earliest[a] == latest
+        critical = latest - earliest[a] <= NEAR_LONGEST_OPS
         windows.append(StartWindow(earliest[a], latest, critical, 0 if critical else size))
     return [below[a] for a in keys], windows
 
