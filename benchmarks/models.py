@@ -27,7 +27,9 @@ For each model of benchmarks/models/ (its training step, and BERT's inference to
             rounds; each time is time.perf_counter around one call whose result is not copied
             out (eager CPU execution returns when the work is done). The details also give
             fs against xla_like round by round (the median and middle half of xla_like's
-            time over fs's in each round), which a busy machine's drift does not move.
+            time over fs's in each round), which a busy machine's drift does not move,
+            and the median's 95% interval (median_interval.py; six rounds or more); a
+            row whose whole interval lies below 1x (fs slower) gets a note.
   diff      |loss - TF's loss| of the first step (before any update), for each contender; for
             inference, the max abs difference of the outputs. A difference above
             --rtol * max(1, |TF|) is flagged in the notes, and the model is still timed.
@@ -58,6 +60,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import results_md  # noqa: E402  (benchmarks/ is this script's directory, first on sys.path)
+from median_interval import median_interval  # noqa: E402
 
 _HERE = pathlib.Path(__file__).resolve().parent
 # This file shadows nothing: `models` on sys.path[0] is the package benchmarks/models/ (a
@@ -279,9 +282,15 @@ def run_row(name, function, sizes, batch_size, cache_root, calibration=None):
             # cancels the machine's drift, which the medians' ratio does not.
             paired = [x / f for x, f in zip(times["xla_like"], times["fs"])]
             row["paired"] = tuple(float(q) for q in np.percentile(paired, [25, 50, 75]))
+            row["paired_interval"] = median_interval(paired)
+            if row["paired_interval"] and row["paired_interval"][1] < 1.0:
+                row["notes"].append("fs is slower than xla_like: the 95% interval of the "
+                                    "round-by-round median, {:.3f}-{:.3f}x, lies below 1"
+                                    .format(*row["paired_interval"]))
         print("    median ms: " + ", ".join(f"{k} {v:.1f}" for k, v in row["ms"].items())
               + ("; fs vs xla_like round by round: median {1:.3f}x, middle half "
-                 "{0:.3f}-{2:.3f}x".format(*row["paired"]) if "paired" in row else ""),
+                 "{0:.3f}-{2:.3f}x".format(*row["paired"]) if "paired" in row else "")
+              + _interval_text(row),
               flush=True)
     except Exception as e:
         row["notes"].append(f"failed at {stage}: {_one_line(e)}")
@@ -290,6 +299,12 @@ def run_row(name, function, sizes, batch_size, cache_root, calibration=None):
 
 
 # --------------------------------------------------------------------------- reporting
+
+def _interval_text(row):
+    """The median's 95% interval (median_interval.py), when there were rounds enough."""
+    interval = row.get("paired_interval")
+    return ", 95% interval of the median {:.3f}-{:.3f}x".format(*interval) if interval else ""
+
 
 def _kernel_text(row):
     k = row["kernels"]
@@ -456,8 +471,8 @@ def markdown(rows, load, seconds, sizes_text, source, during, calibration_text=N
                    ", ".join(f"{k} {v:.3g} ms" for k, v in r["spread"].items()) + "."
                    if r.get("spread") else "")
                 + (" fs vs xla_like round by round (xla_like's time over fs's in the same "
-                   "round): median {1:.3f}x, middle half {0:.3f}-{2:.3f}x.".format(*r["paired"])
-                   if r.get("paired") else "")
+                   "round): median {1:.3f}x, middle half {0:.3f}-{2:.3f}x".format(*r["paired"])
+                   + _interval_text(r) + "." if r.get("paired") else "")
                 + (f" Exploration: {r['exploration']}." if r.get("exploration") else ""))
     lines += ["", "Details:", ""] + details
     lines += ["", "Notes:", ""] + (notes or ["- none: every contender ran on every row "
