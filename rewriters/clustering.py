@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.codegen import kernel_ir, scatter
-from tf_fusionstitch.rewriters import op_table
+from tf_fusionstitch.rewriters import op_table, recurrences
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.lowering import lower_nodes
 from tf_fusionstitch.rewriters.pattern_key import pattern_key
@@ -301,12 +301,19 @@ def grow_clusters(view: GraphView, candidates: Set[str], refuse) -> List[List[st
     return [sorted(m, key=view.position.get) for m in members.values()]
 
 
-def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor]) -> List[List[str]]:
-    """Greedy: merge along every edge whenever the result is legal."""
+def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
+                  recurrence: Optional[Dict[str, int]] = None) -> List[List[str]]:
+    """Greedy: merge along every edge whenever the result is legal.
+    `recurrence`: in a loop's body, node -> its recurrence
+    (recurrences.recurrence_ids); a kernel holds the ops of at most one
+    and nothing else (explore.py says why)."""
 
     position = view.position
+    recurrence = recurrence or {}
 
     def illegal(nodes: List[str], owner, members) -> bool:
+        if recurrences.joins_apart(recurrence, nodes):
+            return True
         # the consumer being visited is the last of `nodes` (grow_clusters)
         if creates_cycle(view, set(nodes), owner, members,
                          after=max(position[n] for n in nodes)):

@@ -76,11 +76,6 @@ class Context:
     # A loop body's variables, (argument node, value returned for it), in order.
     loop_vars: tuple = ()
 
-    @property
-    def carried(self) -> frozenset:
-        """A loop body's return values: what the next iteration reads."""
-        return frozenset(ret for _, ret in self.loop_vars)
-
     def origins(self, view: GraphView, fetches: Set[Tensor],
                 equal_inputs: Set["InputPair"] = frozenset()) -> DimOrigins:
         return DimOrigins(view, fetches, equal_inputs, self.arg_facts, self.calls)

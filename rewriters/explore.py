@@ -211,7 +211,7 @@ class _Explorer:
         if nodes not in self._cache:
             self.stats.patterns_checked += 1
             verdict = None
-            if len({self.recurrence.get(n) for n in nodes}) > 1:
+            if recurrences.joins_apart(self.recurrence, nodes):
                 self.stats.across_recurrences += 1
             elif len(nodes) == 1 or not self._reach.creates_cycle(nodes):
                 verdict = self._structure(nodes)
@@ -486,11 +486,8 @@ def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
         # that joins a pack saves one launch (packing.py packs only units
         # that launch).
         unpacked = len(groups)
-        # What the next iteration waits for packs with nothing: the values
-        # it reads, and every value on a recurrence.
-        waited_for = {ret for _, ret in loop_vars} | {
-            (n, port) for n in recurrence for port in range(view.num_outputs[n])}
-        groups = packing.pack_clusters(view, groups, fetches, waited_for)
+        groups = packing.pack_clusters(view, groups, fetches,
+                                       recurrences.waited_for(view, loop_vars, recurrence))
         explorer.stats.packed_apart = unpacked - len(groups)
         explorer.stats.plan_score += explorer.stats.packed_apart * costs["launch"]
     explorer.stats.seconds = time.perf_counter() - start

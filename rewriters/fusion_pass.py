@@ -27,8 +27,8 @@ from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.report import ClusterReport
 from tf_fusionstitch.rewriters import (call_dims, clustering, decided_shapes, explore,
                                        function_bodies, function_graphs, loop_gradients,
-                                       op_table, packing, slice_gradients, variable_updates,
-                                       xla_like)
+                                       op_table, packing, recurrences, slice_gradients,
+                                       variable_updates, xla_like)
 from tf_fusionstitch.rewriters.clustering import fusible_nodes
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.kernel_count import memory_intensive_kernels
@@ -195,9 +195,14 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
                                               loop_vars=context.loop_vars)
         exploration = str(stats)
     else:
-        groups = clustering.form_clusters(view, candidates, fetches)
+        recurrence = {n: r for n, r in
+                      recurrences.recurrence_ids(view, context.loop_vars).items()
+                      if n in candidates}
+        groups = clustering.form_clusters(view, candidates, fetches, recurrence)
         if pack:
-            groups = packing.pack_clusters(view, groups, fetches, context.carried)
+            groups = packing.pack_clusters(
+                view, groups, fetches,
+                recurrences.waited_for(view, context.loop_vars, recurrence))
     lowered: List[LoweredCluster] = []
     reports: List[ClusterReport] = []
     for nodes in groups:

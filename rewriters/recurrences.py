@@ -50,6 +50,21 @@ def recurrence_ids(view: GraphView, loop_vars: Sequence[LoopVar]) -> Dict[str, i
     return ids
 
 
+def joins_apart(recurrence: Dict[str, int], nodes: Iterable[str]) -> bool:
+    """Whether `nodes` (one candidate kernel) hold ops of a recurrence
+    (`recurrence`: recurrence_ids' map) beside ops not on it: what neither
+    fusion strategy puts in one kernel."""
+    return len({recurrence.get(n) for n in nodes}) > 1
+
+
+def waited_for(view: GraphView, loop_vars: Sequence[LoopVar],
+               recurrence: Dict[str, int]) -> Set[Tensor]:
+    """The values the next iteration waits for, which packing.py packs
+    with nothing: every returned value, and every value on a recurrence."""
+    return {ret for _, ret in loop_vars} | {
+        (n, port) for n in recurrence for port in range(view.num_outputs[n])}
+
+
 def _inputs(view: GraphView, name: str) -> List[str]:
     return [src for src, _ in view.data_inputs[name]] + view.control_inputs[name]
 

@@ -355,7 +355,8 @@ class LoopRecurrenceTest(tf.test.TestCase):
         feeds the next cell; y's select lies on y's own recurrence. In one
         kernel with the cell it would make every iteration wait for it
         (DIEN's inference ran 10% slower so), so the cell's kernel computes
-        h only. The results equal TF's on fresh random inputs."""
+        h only, under explore and under the default greedy strategy. The
+        results equal TF's on fresh random inputs."""
         steps, batch = 5, 8
 
         @tf.function(input_signature=[tf.TensorSpec([steps, batch, HIDDEN]),
@@ -374,15 +375,17 @@ class LoopRecurrenceTest(tf.test.TestCase):
         args = (random(gen, (steps, batch, HIDDEN), "float32"),
                 tf.constant(gen.random((steps, batch, 1)) < 0.7),
                 random(gen, (HIDDEN, HIDDEN), "float32") * 0.2)
-        opt = fs.optimize(f, fusion="explore")
-        for a, e in zip(quiet_call(opt, *args), f(*args)):
-            assert_same(self, a, e, "transcendental")
-        report = opt.report()
-        body = [c for c in report.fused_clusters if "body" in c.name]
-        cell = [c for c in body if "Sigmoid" in {op for _, op in c.tf_ops}]
-        self.assertLen(cell, 1, str(report))
-        selects = [op for _, op in cell[0].tf_ops if op in ("Select", "SelectV2")]
-        self.assertLen(selects, 1, str(report))
+        for fusion in ("explore", "stitch"):
+            with self.subTest(fusion=fusion):
+                opt = fs.optimize(f, fusion=fusion)
+                for a, e in zip(quiet_call(opt, *args), f(*args)):
+                    assert_same(self, a, e, "transcendental")
+                report = opt.report()
+                body = [c for c in report.fused_clusters if "body" in c.name]
+                cell = [c for c in body if "Sigmoid" in {op for _, op in c.tf_ops}]
+                self.assertLen(cell, 1, str(report))
+                selects = [op for _, op in cell[0].tf_ops if op in ("Select", "SelectV2")]
+                self.assertLen(selects, 1, str(report))
 
 
 def _make_stateful(seed):
