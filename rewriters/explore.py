@@ -39,7 +39,8 @@ Five steps over the fusible nodes (clustering.fusible_nodes):
    virtual producer of every vertex; packing is tried only between kernels
    whose iteration spaces have the same static extents (build_schedule can
    only place two unconnected parts in one iteration space when it can
-   identify their axes by static extent).
+   identify their axes by static extent), or between segment sums of one
+   ids tensor (one scatter kernel, codegen/scatter.py, walks the ids once).
 5. Packs of separate iteration spaces (packing.py, as fusion="stitch" packs;
    off with pack=False): kernels that no path connects, each keeping its own
    loops, share one launch, under packing.py's rules (a pack never delays a
@@ -448,8 +449,17 @@ class _Explorer:
         """The static extents of the pattern's iteration space (and whether
         it has no reduction), or None when it has a dimension unknown at
         trace time or is not legal alone: only kernels with equal keys are
-        tried for packing."""
-        return self._space.get(p) if self.evaluate(p) is not None else None
+        tried for packing. Segment sums have a key of their own, their ids
+        and segment count: sums of one ids tensor share a scatter kernel
+        (codegen/scatter.py) whatever their rows' extents (Adam's two
+        moments of one embedding's gradient, DIEN's g and g * g)."""
+        if self.evaluate(p) is None:
+            return None
+        segments = {tuple(self.view.data_inputs[n][1:3]) for n in p
+                    if self.view.nodes[n].op in packing.OWN_KERNELS}
+        if segments:
+            return ("segments", *segments) if len(segments) == 1 else None
+        return self._space.get(p)
 
 
 def _span(unit: str, nodes, position: Dict[str, int]) -> Tuple[int, int, str]:

@@ -84,7 +84,7 @@ def pack_clusters(view: GraphView, groups: List[List[str]], fetches: Set[Tensor]
     launches = {id(g): _launches(view, g) for g in groups}
     units = [g for g in groups if (launches[id(g)] > 1
              or launches[id(g)] == 1 and not _after_contraction(view, g))
-             and not any(view.nodes[n].op in _OWN_KERNELS for n in g)]
+             and not any(view.nodes[n].op in OWN_KERNELS for n in g)]
     units.sort(key=lambda g: max(position[n] for n in g))
     single = [launches[id(g)] == 1 for g in units]
     size = [_boundary_bytes(view, g, fetches) for g in units]
@@ -147,7 +147,7 @@ def pack_clusters(view: GraphView, groups: List[List[str]], fetches: Set[Tensor]
 _CONTRACTIONS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
                            "Conv2D", "Conv3D", "DepthwiseConv2dNative", "Einsum"})
 # Ops whose kernels are of a kind of their own (codegen/scatter.py), never a part.
-_OWN_KERNELS = frozenset({"UnsortedSegmentSum"})
+OWN_KERNELS = frozenset({"UnsortedSegmentSum"})
 # Ops that take no time worth counting on a path (aliases, constants, arguments).
 _FREE_OPS = frozenset({"Identity", "IdentityN", "NoOp", "Const", "Placeholder", "_Arg",
                        "_Retval", "ReadVariableOp", "Reshape", "StopGradient", "Snapshot"})

@@ -90,6 +90,32 @@ class SegmentSumsTest(tf.test.TestCase):
         self.assertLen(kernels, 2, str(opt.report()))
         self.assertTrue(any("Square" in {t for _, t in c.tf_ops} for c in kernels))
 
+    def test_explore_puts_two_moments_of_one_gradient_in_one_kernel(self):
+        """Adam's two moments of an embedding's gradient rows, g and g * g,
+        summed by the same ids: the sums come from patterns of their own
+        (their shared rows are a matmul's), and explore's remote fusion
+        joins them into one scatter kernel, which reads the rows and walks
+        the ids once. Results are TF's, bit for bit."""
+        table = tf.Variable(random(rng(5), (300, 18), "float32"))
+        w = tf.Variable(random(rng(6), (18, 18), "float32"))
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.int32)])
+        def moments(ids):
+            g = tf.matmul(tf.gather(table, ids), w)
+            return (tf.math.unsorted_segment_sum(g * 0.1, ids, 300),
+                    tf.math.unsorted_segment_sum(tf.square(g) * 0.001, ids, 300))
+
+        opt = fs.optimize(moments, fusion="explore")
+        gen = rng(7)
+        for batch in (64, 3):
+            ids = tf.constant(gen.integers(0, 300, batch), tf.int32)
+            for got, want in zip(quiet_call(opt, ids), moments(ids)):
+                self.assertAllEqual(got, want)
+        kernels = [[t for _, t in c.tf_ops] for c in opt.report().fused_clusters
+                   if "UnsortedSegmentSum" in {t for _, t in c.tf_ops}]
+        self.assertLen(kernels, 1, str(opt.report()))
+        self.assertEqual(kernels[0].count("UnsortedSegmentSum"), 2, kernels)
+
     def test_bad_ids_raise_invalid_argument_as_tf_does(self):
         @tf.function(input_signature=[tf.TensorSpec([None, 4]), tf.TensorSpec([None], tf.int32)])
         def f(x, ids):
