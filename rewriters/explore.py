@@ -480,8 +480,7 @@ def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
     node, value returned for it) in order, () outside loops."""
     start = time.perf_counter()
     costs = cpu_costs.validate(dict(costs or cpu_costs.BUILTIN))
-    recurrence = {n: r for n, r in recurrences.recurrence_ids(view, loop_vars).items()
-                  if n in candidates}
+    recurrence = recurrences.recurrence_ids(view, loop_vars, candidates)
     explorer = _Explorer(view, candidates, fetches, k, beam, costs, recurrence)
     explorer.stats.costs = costs_source
     plan = explorer.best_plan(explorer.candidate_patterns())

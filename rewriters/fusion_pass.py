@@ -195,9 +195,7 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
                                               loop_vars=context.loop_vars)
         exploration = str(stats)
     else:
-        recurrence = {n: r for n, r in
-                      recurrences.recurrence_ids(view, context.loop_vars).items()
-                      if n in candidates}
+        recurrence = recurrences.recurrence_ids(view, context.loop_vars, candidates)
         groups = clustering.form_clusters(view, candidates, fetches, recurrence)
         if pack:
             groups = packing.pack_clusters(

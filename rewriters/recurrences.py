@@ -21,16 +21,18 @@ output's select lies on y's, so it is not h's to wait for.
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 
 LoopVar = Tuple[str, Tensor]   # (the argument's node, the value returned for it)
 
 
-def recurrence_ids(view: GraphView, loop_vars: Sequence[LoopVar]) -> Dict[str, int]:
+def recurrence_ids(view: GraphView, loop_vars: Sequence[LoopVar],
+                   among: Optional[Set[str]] = None) -> Dict[str, int]:
     """Node -> the recurrence it lies on (an id shared by the ops of one
-    recurrence); ops on none are absent. Loop variables whose argument or
+    recurrence); ops on none are absent, and so are nodes not in `among`
+    (when given: a strategy's candidates). Loop variables whose argument or
     returned value is not in the graph are left out."""
     present = [(arg, ret) for arg, ret in loop_vars
                if arg in view.nodes and ret[0] in view.nodes]
@@ -46,7 +48,8 @@ def recurrence_ids(view: GraphView, loop_vars: Sequence[LoopVar]) -> Dict[str, i
         after = set().union(*(below[j] for j in members))
         before = set().union(*(above[k] for k in members))
         for node in after & before:
-            ids[node] = rid
+            if among is None or node in among:
+                ids[node] = rid
     return ids
 
 
