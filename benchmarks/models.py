@@ -81,7 +81,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("models", list(ALL_MODELS), f"Comma-separated subset of {', '.join(ALL_MODELS)}.")
 flags.DEFINE_enum("size", "real", list(reference_models.SIZES), "The models' size set.")
 flags.DEFINE_integer("batch", None, "Batch size of every model; default per model "
-                     "(DEFAULT_BATCH at real sizes, 4 at tiny).")
+                     "(benchmarks/models/'s DEFAULT_BATCH at real sizes, 4 at tiny).")
 flags.DEFINE_list("override", [], "Size overrides, model.size=value, e.g. bert.layers=6 "
                   "(values are Python literals).")
 flags.DEFINE_integer("repeats", 7, "Timed rounds (one call of each contender per round); "
@@ -100,7 +100,6 @@ flags.DEFINE_enum("fs_costs", None, ["calibrated", "builtin"], "With --fs_fusion
 
 # Real-size batches that keep one training step of each model at about a second on a
 # 2-core CPU (four contenders x (warm-up + repeats) steps per model).
-DEFAULT_BATCH = {"bert": 2, "transformer": 4, "dien": 128, "crnn": 8, "asr": 2}
 INFERENCE_MODELS = ("bert",)
 
 
@@ -510,7 +509,7 @@ def main(argv):
             print(calibration_text, flush=True)
         for name in FLAGS.models:
             sizes = overrides.get(name, {})
-            batch = FLAGS.batch or (DEFAULT_BATCH[name] if FLAGS.size == "real" else 4)
+            batch = FLAGS.batch or reference_models.default_batch(name, FLAGS.size)
             if sizes:
                 sizes_text.append(f"{name} " + ", ".join(f"{k}={v}" for k, v in sizes.items()))
             functions = ["train_step"]

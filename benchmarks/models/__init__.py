@@ -14,6 +14,14 @@ from benchmarks.models import asr, bert, crnn, dien, transformer
 
 MODELS = {"bert": bert, "transformer": transformer, "dien": dien, "crnn": crnn, "asr": asr}
 SIZES = ("tiny", "real")
+# Batch sizes the benchmarks use at real sizes: one training step takes about a
+# second or two on a 2-core CPU.
+DEFAULT_BATCH = {"bert": 2, "transformer": 4, "dien": 128, "crnn": 8, "asr": 2}
+
+
+def default_batch(name, size):
+    """The benchmarks' batch for model `name` at `size`: DEFAULT_BATCH at real sizes, 4 at tiny."""
+    return DEFAULT_BATCH[name] if size == "real" else 4
 
 
 def build(name, size="tiny", seed=0, **overrides):

@@ -1,0 +1,48 @@
+"""benchmarks/compare_plans.py end to end at tiny sizes: every plan is rewritten and timed,
+and each plan after the first gets its round-by-round ratio with a 95% interval. No timing
+is asserted. A malformed plan is refused with a message that names it."""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+from tf_fusionstitch.runtime import cpu_compiler
+import pytest
+
+SCRIPT = pathlib.Path(__file__).parents[1] / "benchmarks" / "compare_plans.py"
+
+try:  # kernels are compiled C++
+    cpu_compiler.compiler_command()
+except cpu_compiler.CompilerNotFound as exc:
+    pytest.skip(f"no C++ compiler: {exc}", allow_module_level=True)
+
+
+def _run(*flags):
+    return subprocess.run([sys.executable, str(SCRIPT), "--size=tiny", *flags],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_three_plans_of_a_loop_model_are_compared():
+    res = _run("--model=dien", "--plans=xla_like,stitch,explore:pack=False+explore_k=2",
+               "--rounds=6", "--warmup=0")
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    kernels = dict(re.findall(r"^(\S+): memory-intensive kernels TF \d+ -> (\d+)", out, re.M))
+    assert set(kernels) == {"xla_like", "stitch", "explore:pack=False+explore_k=2"}, out
+    assert int(kernels["stitch"]) <= int(kernels["xla_like"]), out
+    lines = {m[0]: m for m in re.findall(
+        r"^  (\S+) +median +([\d.]+) ms, CPU +([\d.]+) ms(?:; ratio median ([\d.]+)x, "
+        r"middle half ([\d.]+)-([\d.]+)x, 95% interval ([\d.]+)-([\d.]+)x)?$", out, re.M)}
+    assert set(lines) == set(kernels), out
+    assert lines["xla_like"][3] == "", out       # the baseline has no ratio
+    for label in ("stitch", "explore:pack=False+explore_k=2"):
+        median, low, high, lowest, highest = map(float, lines[label][3:])
+        assert float(lines[label][1]) > 0
+        assert 0 < lowest <= low <= median <= high <= highest, lines[label]
+
+
+def test_a_plan_option_without_a_value_is_refused():
+    res = _run("--model=dien", "--plans=xla_like,explore:pack", "--rounds=1")
+    assert res.returncode != 0
+    assert "option 'pack' is not key=value" in res.stderr, res.stderr
