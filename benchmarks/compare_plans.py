@@ -82,8 +82,9 @@ def main(argv):
     args = list(batch.inputs) + ([batch.labels] if FLAGS.function == "train_step" else [])
     calls = {}
     for label, (fusion, options), model in zip(FLAGS.plans, plans, built):
-        opt = fs.optimize(getattr(model, FLAGS.function), fusion=fusion, rewrite_cache=False,
-                          **options)
+        # rewrite_cache off unless the plan says otherwise: the code checked out rewrites
+        opt = fs.optimize(getattr(model, FLAGS.function),
+                          **{"rewrite_cache": False, **options, "fusion": fusion})
         report = opt.prepare(*args)
         print(f"{label}: memory-intensive kernels TF {report.kernels_before} -> "
               f"{report.kernels_after}, rewrite {report.rewrite_seconds:.1f} s", flush=True)
