@@ -8,20 +8,18 @@ benchmarks/models.py times four contenders for a table; this script answers a na
 question, whether one plan is slower than another, with as many rounds as that takes. A
 plan is an optimize() fusion strategy with options after a colon, joined by '+'
 (`explore:pack=False`, `explore:costs=builtin+explore_k=5`). Each plan trains its own copy
-of the model, built from one seed. Every round calls each plan once, in a new random order; per plan the script prints the
-median step time and process CPU time, and the median over rounds of the first plan's time
-over this plan's (above 1x: this plan is faster), with its middle half and its 95% interval
-(median_interval.py; from six rounds). The rewrite cache is off, so each plan is rewritten
-by the code checked out.
+of the model, built from one seed. Every round calls each plan once, in a new random order
+(rounds.py); per plan the script prints the median step time and process CPU time, and the
+median over rounds of the first plan's time over this plan's (above 1x: this plan is
+faster), with its middle half and its 95% interval (median_interval.py; from six rounds).
+The rewrite cache is off, so each plan is rewritten by the code checked out.
 """
 
 import ast
-import collections
 import os
 import pathlib
 import statistics
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -29,7 +27,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 import numpy as np  # noqa: E402
 
-from median_interval import median_interval  # noqa: E402  (benchmarks/ is sys.path[0])
+import rounds  # noqa: E402  (benchmarks/ is sys.path[0])
 
 # `models` on sys.path[0] is the package benchmarks/models/, whose modules import
 # `benchmarks.models`: the repository root goes on the path too (as in models.py).
@@ -46,11 +44,10 @@ flags.DEFINE_enum("size", "real", list(reference_models.SIZES), "The model's siz
 flags.DEFINE_integer("batch", None, "Batch size; default benchmarks/models/'s DEFAULT_BATCH "
                      "at real sizes, 4 at tiny ones.")
 flags.DEFINE_list("plans", ["xla_like", "explore"], "Plans to compare, the first the "
-                  "baseline: fusion strategies, each with optional `:option=value,...`.")
+                  "baseline: fusion strategies, each with optional `:option=value+option=value`.")
 flags.DEFINE_integer("rounds", 30, "Timed rounds (one call of each plan per round).")
 flags.DEFINE_integer("warmup", 2, "Untimed rounds after the first call.")
 flags.DEFINE_integer("seed", 2, "Seed of the rounds' orders.")
-
 
 
 def parse_plan(text):
@@ -90,15 +87,7 @@ def main(argv):
               f"{report.kernels_after}, rewrite {report.rewrite_seconds:.1f} s", flush=True)
         opt(*args)
         calls[label] = opt
-    wall, cpu = collections.defaultdict(list), collections.defaultdict(list)
-    order = np.random.default_rng(FLAGS.seed)
-    for r in range(FLAGS.warmup + FLAGS.rounds):
-        for label in order.permutation(FLAGS.plans):
-            c0, t0 = time.process_time(), time.perf_counter()
-            calls[label](*args)
-            if r >= FLAGS.warmup:
-                wall[label].append(time.perf_counter() - t0)
-                cpu[label].append(time.process_time() - c0)
+    wall, cpu = rounds.time_rounds(calls, args, FLAGS.rounds, FLAGS.warmup, FLAGS.seed)
     base = FLAGS.plans[0]
     print(f"{FLAGS.model} {FLAGS.function}, batch {batch_size}, {FLAGS.rounds} rounds; "
           f"ratio: {base}'s time over the plan's in the same round")
@@ -106,9 +95,7 @@ def main(argv):
         line = (f"  {label:28s} median {1e3 * statistics.median(wall[label]):9.2f} ms, "
                 f"CPU {1e3 * statistics.median(cpu[label]):9.2f} ms")
         if label != base:
-            ratios = [b / t for b, t in zip(wall[base], wall[label])]
-            low, mid, high = np.percentile(ratios, [25, 50, 75])
-            interval = median_interval(ratios)
+            (low, mid, high), interval = rounds.ratio_summary(wall[base], wall[label])
             line += f"; ratio median {mid:.3f}x, middle half {low:.3f}-{high:.3f}x"
             if interval:
                 line += ", 95% interval {:.3f}-{:.3f}x".format(*interval)

@@ -27,9 +27,9 @@ For each model of benchmarks/models/ (its training step, and BERT's inference to
             rounds; each time is time.perf_counter around one call whose result is not copied
             out (eager CPU execution returns when the work is done). The details also give
             fs against xla_like round by round (the median and middle half of xla_like's
-            time over fs's in each round), which a busy machine's drift does not move,
-            and the median's 95% interval (median_interval.py; six rounds or more); a
-            row whose whole interval lies below 1x (fs slower) gets a note.
+            time over fs's in each round, rounds.py), which a busy machine's drift does
+            not move, and the median's 95% interval (median_interval.py; six rounds or
+            more); a row whose whole interval lies below 1x (fs slower) gets a note.
   diff      |loss - TF's loss| of the first step (before any update), for each contender; for
             inference, the max abs difference of the outputs. A difference above
             --rtol * max(1, |TF|) is flagged in the notes, and the model is still timed.
@@ -60,7 +60,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import results_md  # noqa: E402  (benchmarks/ is this script's directory, first on sys.path)
-from median_interval import median_interval  # noqa: E402
+import rounds  # noqa: E402
 
 _HERE = pathlib.Path(__file__).resolve().parent
 # This file shadows nothing: `models` on sys.path[0] is the package benchmarks/models/ (a
@@ -98,8 +98,6 @@ flags.DEFINE_string("fs_fusion", "stitch", "The fusion strategy of the fs conten
 flags.DEFINE_enum("fs_costs", None, ["calibrated", "builtin"], "With --fs_fusion=explore: "
                   "the delta evaluator's costs (optimize's costs option; default calibrated).")
 
-# Real-size batches that keep one training step of each model at about a second on a
-# 2-core CPU (four contenders x (warm-up + repeats) steps per model).
 INFERENCE_MODELS = ("bert",)
 
 
@@ -261,27 +259,13 @@ def run_row(name, function, sizes, batch_size, cache_root, calibration=None):
               flush=True)
 
         stage = "timing"
-        live = [k for k in CONTENDERS if k in first]
-        times = {k: [] for k in live}
-        shuffle = np.random.default_rng(2)
-        for r in range(FLAGS.warmup + FLAGS.repeats):
-            # A new order each round, against drift; shuffled rather than rotated,
-            # so that no contender always runs right after the same other one
-            # (a rotation always puts fs after xla_like).
-            order = list(shuffle.permutation(live))
-            for label in order:
-                t0 = time.perf_counter()
-                calls[label](*args)
-                if r >= FLAGS.warmup:
-                    times[label].append(time.perf_counter() - t0)
+        times, _ = rounds.time_rounds({k: calls[k] for k in CONTENDERS if k in first}, args,
+                                      FLAGS.repeats, FLAGS.warmup)
         row["ms"] = {k: 1e3 * statistics.median(v) for k, v in times.items()}
         row["spread"] = {k: 1e3 * (max(v) - min(v)) for k, v in times.items()}
         if "fs" in times and "xla_like" in times:
-            # Within a round both ran under the same load: the per-round ratio
-            # cancels the machine's drift, which the medians' ratio does not.
-            paired = [x / f for x, f in zip(times["xla_like"], times["fs"])]
-            row["paired"] = tuple(float(q) for q in np.percentile(paired, [25, 50, 75]))
-            row["paired_interval"] = median_interval(paired)
+            row["paired"], row["paired_interval"] = rounds.ratio_summary(times["xla_like"],
+                                                                         times["fs"])
             if row["paired_interval"] and row["paired_interval"][1] < 1.0:
                 row["notes"].append("fs is slower than xla_like: the 95% interval of the "
                                     "round-by-round median, {:.3f}-{:.3f}x, lies below 1"
