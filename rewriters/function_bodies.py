@@ -322,10 +322,10 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass, functions: Func
 def register_functions(graph_def) -> None:
     """Registers with the eager runtime every function of `graph_def`'s library
     it does not know yet. A GraphDef imported inside a tf.function does not
-    register its library's functions (the originals are known because the
-    original function was traced); the rewritten ones must be, or the first
-    call fails with "Op type not registered '<function>_fs...'". Whoever runs a
-    rewritten GraphDef loaded from elsewhere (a cache) calls this first."""
+    register its library's functions: the original trace's are known, but
+    Grappler's specialised ones (a tf.cond's branches) and the rewritten ones
+    must be registered, or the first call fails with "Op type not registered
+    '<function>'". api.py calls this before every import."""
     ctx = context.context()
     for fdef in graph_def.library.function:
         if not ctx.has_function(fdef.signature.name):

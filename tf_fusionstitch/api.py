@@ -26,9 +26,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from tf_fusionstitch import kernels, rewrite_cache
+from tf_fusionstitch import graph_check, kernels, rewrite_cache
 from tf_fusionstitch.report import Report
-from tf_fusionstitch.rewriters import cpu_costs, decided_shapes, grappler, shapes
+from tf_fusionstitch.rewriters import (cpu_costs, decided_shapes, function_bodies, grappler,
+                                       shapes)
 from tf_fusionstitch.rewriters.fusion_pass import FUSION_STRATEGIES, run_fusion_pass
 from tf_fusionstitch.rewriters.graph_view import parse_input, tensor_name
 from tf_fusionstitch.runtime import cache, cpu_compiler
@@ -107,8 +108,9 @@ class OptimizedFunction:
 
     def prepare(self, *args, **kwargs) -> Optional[Report]:
         """Traces (rewrites) the version a call with these arguments would run,
-        without running it, and returns the report of its latest trace (None
-        if that trace could not be rewritten and runs the original)."""
+        without running it, and returns the report of its latest trace (whose
+        `failure` says why, when that trace could not be rewritten and runs
+        the original)."""
         if not self._options["specialize"]:
             version = self._versions.generic
             version.fn.get_concrete_function(*args, **kwargs)
@@ -230,25 +232,42 @@ class OptimizedFunction:
         if len(feeds) != n_args:
             return self._fallback(concrete, feeds, "could not match the call's arguments "
                                   f"({len(feeds)}) to the traced inputs ({n_args})")
-        inputs = _InputSizes(graph.inputs[:n_args], feed_leaves, version)
-        rewritten, output_names, report = self._rewrite(concrete, inputs)
-        self._versions.traced(version, inputs.leaf_pairs(report.assumed_equal),
-                              inputs.leaf_pairs(report.equal_sizes_wanted))
-        version.report = report
-        with self._lock:
-            self._reports.append(report)
-            self._graph_def = rewritten
-            self._graph_defs.append(rewritten)
-        input_map = {t.name: f for t, f in zip(graph.inputs[:n_args], feeds)}
-        for placeholder, captured in zip(graph.inputs[n_args:], concrete.captured_inputs):
-            input_map[placeholder.name] = tf.identity(captured)
-        results = tf.graph_util.import_graph_def(
-            rewritten, input_map=input_map, return_elements=output_names, name="fs")
+        start = time.perf_counter()
+        try:
+            inputs = _InputSizes(graph.inputs[:n_args], feed_leaves, version)
+            rewritten, output_names, report = self._rewrite(concrete, inputs)
+            graph_check.check_runnable(rewritten, output_names)
+            # Grappler's specialised functions and rewritten bodies are new to
+            # the runtime: an imported library is not registered by the import.
+            function_bodies.register_functions(rewritten)
+            input_map = _input_map(concrete, n_args, feeds, rewritten)
+            results = tf.graph_util.import_graph_def(
+                rewritten, input_map=input_map, return_elements=output_names, name="fs")
+        except Exception as e:  # noqa: BLE001  (our failure: the trace runs the original)
+            reason = _one_line(e)
+            report = Report.failed(self._name, _signature_text(concrete),
+                                   self._options["fusion"], reason,
+                                   time.perf_counter() - start)
+            self._record(version, report, None, set(), set())
+            return self._fallback(concrete, feeds, f"the rewrite failed ({reason}); "
+                                  "please report this as a tf_fusionstitch bug")
+        self._record(version, report, rewritten, inputs.leaf_pairs(report.assumed_equal),
+                     inputs.leaf_pairs(report.equal_sizes_wanted))
         flat, it = [], iter(results)
         for leaf in tf.nest.flatten(concrete.structured_outputs, expand_composites=True):
             flat.append(next(it) if isinstance(leaf, tf.Tensor) else leaf)
         return tf.nest.pack_sequence_as(concrete.structured_outputs, flat,
                                         expand_composites=True)
+
+    def _record(self, version: Version, report: Report, rewritten, assumed, wanted) -> None:
+        """Keeps one trace's report (and its GraphDef, when it was rewritten)."""
+        self._versions.traced(version, assumed, wanted)
+        version.report = report
+        with self._lock:
+            self._reports.append(report)
+            if rewritten is not None:
+                self._graph_def = rewritten
+                self._graph_defs.append(rewritten)
 
     def _fallback(self, concrete, feeds, reason):
         warnings.warn(f"tf_fusionstitch: {self._name} runs unoptimized: {reason}",
@@ -337,6 +356,28 @@ class OptimizedFunction:
     def _register(kernel):
         from tf_fusionstitch.custom_ops import loader  # builds the op library once
         loader.register_kernel(kernel.key, kernel.path, kernel.spec)
+
+
+def _input_map(concrete, n_args: int, feeds, rewritten) -> dict:
+    """The rewritten graph's inputs mapped to this trace's tensors: the
+    arguments, and captures that the rewrite still reads. A captured eager
+    constant appears in the traced GraphDef as a Const that Grappler may fold
+    away (and import_graph_def refuses a mapping to a node that is gone); it
+    carries its value, so nothing is lost."""
+    graph = concrete.graph
+    present = {node.name for node in rewritten.node}
+    input_map = {t.name: f for t, f in zip(graph.inputs[:n_args], feeds)}
+    for placeholder, captured in zip(graph.inputs[n_args:], concrete.captured_inputs):
+        if placeholder.op.name in present:
+            input_map[placeholder.name] = tf.identity(captured)
+    return input_map
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line for a report: its type and first line, shortened."""
+    text = str(exc).strip().splitlines()
+    first = re.sub(r"\s+", " ", text[0]) if text else ""
+    return f"{type(exc).__name__}: {first}"[:500]
 
 
 class _InputSizes:

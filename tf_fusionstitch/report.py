@@ -44,6 +44,20 @@ class Report:
     assumed_equal: List[Tuple[str, int, str, int]] = dataclasses.field(default_factory=list)
     equal_sizes_wanted: List[Tuple[str, int, str, int]] = dataclasses.field(
         default_factory=list)
+    # Why this trace runs the original function unchanged: the rewrite itself
+    # failed (a bug of tf_fusionstitch, never of the user's function). Empty
+    # when the plan above is what runs. Such a trace also has one fallback.
+    failure: str = ""
+
+    @staticmethod
+    def failed(function: str, signature: str, fusion: str, reason: str,
+               rewrite_seconds: float) -> "Report":
+        """The report of a trace whose rewrite failed and runs the original."""
+        whole = ClusterReport("whole function", [], False, reason=reason)
+        return Report(function=function, signature=signature, clusters=[whole],
+                      kernels_before=0, kernels_after=0, compile_seconds=0.0,
+                      compilations=0, rewrite_seconds=rewrite_seconds, fusion=fusion,
+                      failure=reason)
 
     @property
     def fused_clusters(self) -> List[ClusterReport]:
@@ -54,6 +68,10 @@ class Report:
         return [c for c in self.clusters if not c.fused]
 
     def __str__(self) -> str:
+        if self.failure:
+            return (f"tf_fusionstitch report for {self.function}{self.signature}\n"
+                    f"  not optimized: runs the original function, because the rewrite "
+                    f"failed after {self.rewrite_seconds:.2f} s: {self.failure}")
         lines = [f"tf_fusionstitch report for {self.function}{self.signature}",
                  f"  memory-intensive kernels: TF {self.kernels_before} -> this plan "
                  f"{self.kernels_after} (fusion={self.fusion}, "
