@@ -44,6 +44,22 @@ class ScatterKernelTest(tf.test.TestCase):
                 for got, w in zip(kernel.run([x, ids], threads=threads), want):
                     np.testing.assert_array_equal(got, w, err_msg=f"{dtype}, {threads} threads")
 
+    def test_rows_scaled_by_a_scalar(self):
+        # SGD with momentum on an embedding: the gradient's rows times the
+        # learning rate, summed per segment; the scalar input has no extent.
+        rows = T("float32", (None, 16))
+        c = ir.Cluster((("x", rows), ("lr", T("float32", ())), ("ids", T("int32", (None,)))), (
+            op("scaled", "mul", ["x", "lr"], rows),
+            op("g", "segment_sum", ["scaled", "ids"], T("float32", (64, 16)), num_segments=64)),
+            ("g",), equal_dims=((("ids", 0), ("x", 0)),))
+        kernel = CpuKernel(build_cpu_kernel(c).path)
+        gen = rng(4)
+        x = np.asarray(random(gen, (300, 16), "float32"))
+        lr = np.float32(0.01)
+        ids = gen.integers(0, 64, 300).astype(np.int32)
+        for got, want in zip(kernel.run([x, lr, ids]), interpret(c, np)(x, lr, ids)):
+            np.testing.assert_array_equal(got, want)
+
     def test_ids_past_the_last_segment_are_refused_before_anything_runs(self):
         kernel = CpuKernel(build_cpu_kernel(_moments()).path)
         ids = np.zeros(40, np.int32)

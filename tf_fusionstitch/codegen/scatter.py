@@ -145,6 +145,22 @@ def _input_index(form: ScatterForm) -> Dict[str, int]:
     return {n: i for i, (n, _) in enumerate(form.cluster.inputs)}
 
 
+def _wanted_dims(t: ir.TensorType) -> List[str]:
+    """The extents an input of a segment sum's rows must have: a row per id
+    (or one row, broadcast), a row's columns, or nothing for a scalar (a
+    learning rate that scales the rows)."""
+    if t.rank == 2:
+        return ["n_rows", "n_cols"] if t.shape[0] != 1 else ["1", "n_cols"]
+    return ["n_cols"] if t.rank == 1 else []
+
+
+def _element_index(t: ir.TensorType) -> str:
+    """Where row r, column c of the summed rows is in an input of this type."""
+    if t.rank == 2:
+        return "r * n_cols + c" if t.shape[0] != 1 else "c"
+    return "c" if t.rank == 1 else "0"
+
+
 def _shape_fn(form: ScatterForm, export: str) -> str:
     c = form.cluster
     out_dtype = [c.types()[o].dtype for o in c.outputs]
@@ -167,8 +183,7 @@ def _shape_fn(form: ScatterForm, export: str) -> str:
     for number, (name, t) in enumerate(c.inputs):
         if name == form.ids:
             continue
-        want = {2: ["n_rows", "n_cols"] if t.shape[0] != 1 else ["1", "n_cols"],
-                1: ["n_cols"], 0: []}[t.rank]
+        want = _wanted_dims(t)
         cond = " || ".join(f"in_dims[{offsets[name] + d}] != {w}" for d, w in enumerate(want))
         if not cond:
             continue
@@ -287,7 +302,7 @@ def _run_fn(form: ScatterForm, out_dtype: List[str], target) -> str:
     for st in _row_statements(form):
         if isinstance(st, k.Load):
             name, t = c.inputs[st.tensor]
-            where = {2: "r * n_cols + c" if t.shape[0] != 1 else "c", 1: "c", 0: "0"}[t.rank]
+            where = _element_index(t)
             value = printer.load_value(f"t{st.tensor}[{where}]", st.dtype)
             lines.append(f"        const {printer.COMPUTE[st.dtype]} {st.dst} = {value};")
         else:
