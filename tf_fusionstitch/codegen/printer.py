@@ -417,10 +417,10 @@ class _Printer:
         """The accumulators of a column loop that sum in blocks (SUM_BLOCK):
         none where the loop's static column count fits in one block."""
         kr = self.k
-        axes = [a for g in kr.col_groups for a in kr.group_extents[g]]
-        if not self.blocked_sums or not axes or all(
-                kr.static_extents[a] is not None for a in axes) and math.prod(
-                kr.static_extents[a] for a in axes) <= SUM_BLOCK:
+        extents = [kr.static_extents[a] for g in kr.col_groups for a in kr.group_extents[g]]
+        if not self.blocked_sums or not extents:
+            return []
+        if None not in extents and math.prod(extents) <= SUM_BLOCK:
             return []
         return [a for a in accs if a.kind in _BLOCKED_SUMS and a.dtype in _BLOCKED_DTYPES]
 
