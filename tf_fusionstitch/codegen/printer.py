@@ -225,8 +225,10 @@ template <typename T> static inline T fs_floor_mod(T x, T y) {
 # that by the block's length, and the double total adds nothing over any
 # practical n. The vector loop stays what it was, so kernels keep their speed
 # (summing every term in double cost 5% on layernorm, 15-25% on NHWC moments,
-# 40% on a column sum). 256 columns: a 768-wide row's mean then errs less than
-# TF's, and a block's end costs little beside its loop.
+# 40% on a column sum). 256 columns: along a row (8 float lanes with AVX) a
+# partial then adds 32 terms, near the 24 of TF's 32 partials, and errs less
+# than TF's over many 768-wide rows; at 128 a block's end (the vector's
+# horizontal sum) cost 2-3% on a softmax in cache, at 256 nothing measurable.
 SUM_BLOCK = 256
 _BLOCKED_SUMS = ("reduce_sum", "reduce_mean")
 _BLOCKED_DTYPES = ("float32", "float16", "bfloat16")
