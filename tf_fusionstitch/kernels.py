@@ -15,7 +15,7 @@ from tf_fusionstitch.runtime import cache, cpu_compiler
 
 # Bumped whenever generated code changes meaning for the same spec, so a kernel
 # key never names code from an older generator.
-GENERATOR_VERSION = "cpu-12"
+GENERATOR_VERSION = "cpu-13"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -68,6 +68,11 @@ class _Guard:
 class _GpuBody(printer._Printer):
     """Prints one thread's code of a GpuPlan as parts between sync points."""
 
+    # Float sums keep one float accumulator per thread (the shuffles and
+    # shared-memory partials then combine them); the emulation is the CUDA
+    # kernel's arithmetic.
+    blocked_sums = False
+
     def __init__(self, plan: GpuPlan, target: Target, phase: int = 0):
         super().__init__(plan.kernel, target)
         self.m = plan.mapping
