@@ -45,6 +45,7 @@ from tf_fusionstitch.rewriters.function_graphs import (  # noqa: F401  (called_f
     FUNC_ATTRS, WHILE_OPS, FunctionGraphs, Shape, called_functions, find_op_def,
     handle_types, merge_handles, merge_shapes, num_args, site_shapes)
 from tf_fusionstitch.rewriters.graph_view import Tensor, parse_input
+from tf_fusionstitch.rewriters import trampoline
 from tf_fusionstitch.rewriters.kernel_count import memory_intensive_kernels
 
 @dataclasses.dataclass
@@ -162,6 +163,9 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass, functions: Func
     callees: Dict[str, List[str]] = {}
     order: List[str] = []
 
+    # walk and process call each other once per level of function nesting:
+    # generators run by trampoline.run, each `yield` a call (see there), so
+    # the nesting's depth is not limited by Python's recursion limit.
     def walk(caller, gd, gd_types, arg_handles, gd_call_facts):
         """Processes every function `gd` calls, in its topological order (a
         call's outputs may hold lists a later call reads); returns the
@@ -198,9 +202,9 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass, functions: Func
                 shapes = site_shapes(node, start, gd_types)
                 if len(shapes_of[fname]) == len(shapes):
                     shapes = shapes_of[fname]
-                ret = process(fname, shapes, in_handles, facts_of[fname],
-                              node.op in WHILE_OPS and attr == "body",
-                              f"{caller or 'the graph'}/{name}")
+                ret = yield process(fname, shapes, in_handles, facts_of[fname],
+                                    node.op in WHILE_OPS and attr == "body",
+                                    f"{caller or 'the graph'}/{name}")
                 if attr in ("cond",):
                     continue
                 if node.op in WHILE_OPS and ret is not None:
@@ -260,8 +264,8 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass, functions: Func
             report.reason = f"not rewritten: {type(e).__name__}: {e}"
         arg_handles = {(a, 0): h for a, h in zip(conv.args, in_handles) if h is not None}
         try:
-            handles = walk(fname, body, body_types, arg_handles,
-                           result.call_facts if result is not None else {})
+            handles = yield walk(fname, body, body_types, arg_handles,
+                                 result.call_facts if result is not None else {})
         except Exception as e:  # noqa: BLE001
             report.reason = f"not converted: {type(e).__name__}: {e}"
             return None
@@ -282,7 +286,7 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass, functions: Func
         report.fused_clusters = n_fused
         return rets[fname]
 
-    walk("", graph_def, types, {}, call_facts)
+    trampoline.run(walk("", graph_def, types, {}, call_facts))
 
     if not new_defs:
         return graph_def, list(reports.values()), results
@@ -362,18 +366,23 @@ def _callees_first(order: List[str], callees: Dict[str, List[str]]) -> List[str]
     """`order`'s functions, each after every function it calls (TensorFlow
     allows no recursion; a cycle would only stop the walk)."""
     out: List[str] = []
-    state: Dict[str, int] = {}
+    visited: Set[str] = set()
     known = set(order)
-
-    def visit(fname):
-        if state.get(fname):
-            return
-        state[fname] = 1
-        for callee in callees.get(fname, []):
-            if callee in known:
-                visit(callee)
-        out.append(fname)
-
-    for fname in order:
-        visit(fname)
+    for root in order:
+        if root in visited:
+            continue
+        visited.add(root)
+        # A depth-first walk with an explicit stack (nesting has no bound):
+        # each function with the callees it has yet to look at.
+        stack = [(root, iter(callees.get(root, [])))]
+        while stack:
+            fname, pending = stack[-1]
+            for callee in pending:
+                if callee in known and callee not in visited:
+                    visited.add(callee)
+                    stack.append((callee, iter(callees.get(callee, []))))
+                    break
+            else:
+                stack.pop()
+                out.append(fname)
     return out

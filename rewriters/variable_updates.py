@@ -76,15 +76,24 @@ class _Variables:
                 self._walk((n.name, 0), (n.name, 0), nodes, consumers)
 
     def _walk(self, root: Tensor, handle: Tensor, nodes, consumers) -> None:
+        """The ops on `root` through chains of Identity, in depth-first order
+        (an explicit stack of the consumers each handle has left: a chain
+        may be as long as the graph)."""
         self.root[handle] = root
-        for name in consumers.get(handle, []):
-            op = nodes[name].op
-            if op not in _RESOURCE_OPS:
-                self.untracked.add(root)
-            elif op == "Identity":
-                self._walk(root, (name, 0), nodes, consumers)
+        stack = [iter(consumers.get(handle, []))]
+        while stack:
+            for name in stack[-1]:
+                op = nodes[name].op
+                if op not in _RESOURCE_OPS:
+                    self.untracked.add(root)
+                elif op == "Identity":
+                    self.root[(name, 0)] = root
+                    stack.append(iter(consumers.get((name, 0), [])))
+                    break
+                else:
+                    self.ops.setdefault(root, []).append(name)
             else:
-                self.ops.setdefault(root, []).append(name)
+                stack.pop()
 
     def of(self, node) -> Optional[Tensor]:
         """The variable `node` acts on, if every op on it is known."""
@@ -207,11 +216,15 @@ def forward_assigned_reads(graph_def, fetches: Set[Tensor]) -> Tuple[object, int
         return graph_def, 0
 
     def remap(s: str) -> str:
-        src, port, ctrl = parse_input(s)
-        if src not in forwarded:
-            return s
-        assign = forwarded[src]
-        return "^" + assign.name if ctrl else remap(assign.input[1])
+        # A forwarded read's value may itself be a forwarded read: follow the chain.
+        while True:
+            src, _, ctrl = parse_input(s)
+            if src not in forwarded:
+                return s
+            assign = forwarded[src]
+            if ctrl:
+                return "^" + assign.name
+            s = assign.input[1]
 
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)

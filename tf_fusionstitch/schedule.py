@@ -419,15 +419,24 @@ def _choose_buffers(cluster, is_col, phase, reductions) -> frozenset:
         late.update(i for i in op.inputs if i in ops and is_col[i] and phase[i] < phase[op.name])
     buffered = set()
 
-    def expensive_cone(v, seen):
-        if v not in ops or v in buffered or v in seen or not is_col[v]:
-            return False
-        seen.add(v)
-        op = ops[v]
-        return op.prim in ir.EXPENSIVE or any(expensive_cone(i, seen) for i in op.inputs)
+    def expensive_cone(v):
+        """Does recomputing `v` repeat an expensive op? A walk up its col
+        producers that stops at buffered values (a worklist: chains are
+        as long as the cluster)."""
+        stack, seen = [v], set()
+        while stack:
+            u = stack.pop()
+            if u not in ops or u in buffered or u in seen or not is_col[u]:
+                continue
+            seen.add(u)
+            if ops[u].prim in ir.EXPENSIVE:
+                return True
+            stack.extend(ops[u].inputs)
+        return False
 
-    for v in sorted(late, key=lambda x: list(ops).index(x)):
-        if expensive_cone(v, set()):
+    position = {name: i for i, name in enumerate(ops)}
+    for v in sorted(late, key=position.__getitem__):
+        if expensive_cone(v):
             buffered.add(v)
     return frozenset(buffered)
 
