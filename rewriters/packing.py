@@ -155,6 +155,35 @@ def pack_clusters(view: GraphView, groups: List[List[str]], fetches: Set[Tensor]
     return out
 
 
+def pack_parts(view: GraphView, nodes: List[str]) -> List[List[str]]:
+    """The clusters a pack of `nodes` joined: their connected components
+    through the data edges between them (a pack joins only clusters that
+    no path connects, and the strategies grow a cluster along its edges),
+    each in topological order, in the order of their first node. A cluster
+    that is no pack is one part."""
+    position = view.position
+    inside = set(nodes)
+    part_of: Dict[str, int] = {}
+    parts: List[List[str]] = []
+    for start in sorted(nodes, key=position.get):
+        if start in part_of:
+            continue
+        part_of[start] = len(parts)
+        part, stack = [], [start]
+        while stack:
+            n = stack.pop()
+            part.append(n)
+            near = [src for src, _ in view.data_inputs[n]] + [
+                c for port in range(view.num_outputs[n])
+                for c in view.data_consumers.get((n, port), ())]
+            for m in near:
+                if m in inside and m not in part_of:
+                    part_of[m] = len(parts)
+                    stack.append(m)
+        parts.append(sorted(part, key=position.get))
+    return parts
+
+
 _CONTRACTIONS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
                            "Conv2D", "Conv3D", "DepthwiseConv2dNative", "Einsum"})
 # Ops whose kernels are of a kind of their own (codegen/scatter.py), never a part.
