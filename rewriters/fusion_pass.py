@@ -7,8 +7,9 @@ no path connects into one launch (packing.py); "xla_like" (xla_like.py)
 follows XLA's rules, for comparison; "explore" (explore.py) searches fusion
 plans with FusionStitching's delta evaluator and packs independent kernels.
 Any cluster whose kernel cannot be lowered, generated, compiled or registered
-stays as TensorFlow ops; the reason goes to the report. A pack that fails so
-is split: its parts, each a cluster before it was packed, are built apart.
+stays as TensorFlow ops; the reason goes to the report. A pack that does not
+lower, or that the generator refuses, is split: its parts, each a cluster
+before it was packed, are built apart.
 
 The same pass then runs inside every function the graph calls (While bodies
 and conditions, If/Case branches, PartitionedCall bodies, recursively:
@@ -96,21 +97,29 @@ def _lower_groups(view: GraphView, groups: List[List[str]], fetches: Set[Tensor]
 
 def _build_groups(view: GraphView, build, lowered: List[LoweredCluster], fetches: Set[Tensor],
                   min_cluster_ops: int, reports: List[ClusterReport]) -> List[tuple]:
-    """(cluster, kernel, None) or (cluster, None, reason) per cluster; a
-    pack whose kernel fails is built as its parts instead."""
+    """(cluster, kernel, None) or (cluster, None, reason) per cluster. A
+    pack that the generator refuses (its parts' schedules, fs_meta's
+    counts) is built as its parts instead; one that fails to compile, load
+    or register falls back whole, as a missing, failing or hanging compiler
+    or a refused cache would fail its parts the same way."""
     built, parts = [], []
     for lc, (kernel, error) in zip(lowered, _build_all(build, [lc.cluster for lc in lowered])):
-        split = packing.pack_parts(view, lc.nodes) if kernel is None else [lc.nodes]
+        split = packing.pack_parts(view, lc.nodes) \
+            if isinstance(error, clustering.LOWERING_ERRORS) else [lc.nodes]
         if len(split) > 1:
-            reports.append(_split_report(lc.nodes, len(split), error))
+            reports.append(_split_report(lc.nodes, len(split), _reason(error)))
             parts += split
         else:
-            built.append((lc, kernel, error))
+            built.append((lc, kernel, error and _reason(error)))
     if parts:
         again = _lower_groups(view, parts, fetches, min_cluster_ops, reports)
-        built += [(lc, kernel, error) for lc, (kernel, error)
+        built += [(lc, kernel, error and _reason(error)) for lc, (kernel, error)
                   in zip(again, _build_all(build, [lc.cluster for lc in again]))]
     return built
+
+
+def _reason(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"
 
 
 def _split_report(nodes: List[str], parts: int, reason: str) -> ClusterReport:
@@ -119,7 +128,7 @@ def _split_report(nodes: List[str], parts: int, reason: str) -> ClusterReport:
 
 
 def _build_all(build, clusters: List[ir.Cluster]) -> List[tuple]:
-    """(kernel, None) or (None, reason) per cluster. Equal clusters (the
+    """(kernel, None) or (None, the exception) per cluster. Equal clusters (the
     layers of a deep model) are built once; the largest start first, so one
     long compilation does not run alone at the end."""
     distinct: Dict[str, ir.Cluster] = {}
@@ -134,7 +143,7 @@ def _build_all(build, clusters: List[ir.Cluster]) -> List[tuple]:
             try:
                 outcome[spec] = (f.result(), None)
             except Exception as e:  # any failure falls back to TF ops for that cluster
-                outcome[spec] = (None, f"{type(e).__name__}: {e}")
+                outcome[spec] = (None, e)
     return [outcome[c.to_json()] for c in clusters]
 
 

@@ -193,17 +193,19 @@ class SplitPackTest(tf.test.TestCase):
         finally:
             ir.Cluster.validate = real
 
-    def test_a_pack_that_does_not_build(self):
+    def test_a_pack_the_generator_refuses(self):
+        # (A compiler that fails fails the parts too: such a pack falls back
+        # whole, test_optimize_functions.FallbackTest.)
         real = kernels.build_cpu_kernel
 
         def refuse_packs(cluster, **kwargs):
             if _packed(cluster):
-                raise RuntimeError("pack builds refused by the test")
+                raise UnsupportedCluster("packs refused by the test's generator")
             return real(cluster, **kwargs)
 
         kernels.build_cpu_kernel = refuse_packs
         try:
-            self._check_split("pack builds refused by the test")
+            self._check_split("UnsupportedCluster: packs refused by the test's generator")
         finally:
             kernels.build_cpu_kernel = real
 
