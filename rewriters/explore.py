@@ -11,7 +11,9 @@ Five steps over the fusible nodes (clustering.fusible_nodes):
    a group go on as one "consumer" to the next round of pairing, until one
    list is left (wide fan-out costs O(consumers * k^2) checks, not k^consumers).
    A pattern is legal when it creates no cycle (clustering.Reachability),
-   lowers to a cluster that schedule.build_schedule accepts and, in a loop
+   lowers to a cluster within a kernel's size (fusion_ir.MAX_INPUTS and
+   MAX_OPS: lowering checks it even where it skips the other checks) that
+   schedule.build_schedule accepts and, in a loop
    body, holds the ops of at most one recurrence (recurrences.py) and no
    other ops beside them: one iteration lasts as long as its recurrences,
    and whatever else a recurrence's kernel computed would make every
@@ -34,7 +36,9 @@ Five steps over the fusible nodes (clustering.fusible_nodes):
 4. Remote fusion (kernel packing): kernels that are not connected are merged
    into one packed kernel under the same three conditions, when packing.py's
    start windows admit them together (a kernel on a longest path waits for
-   little work that could wait). Steps 3 and 4 are
+   little work that could wait); one that a pack cannot take (its size
+   above all: the updates of hundreds of same-shaped weights) starts a new
+   pack. Steps 3 and 4 are
    this pass's stand-in for the paper's second PatternReduction round from a
    virtual producer of every vertex; packing is tried only between kernels
    whose iteration spaces have the same static extents (build_schedule can
@@ -45,7 +49,7 @@ Five steps over the fusible nodes (clustering.fusible_nodes):
    off with pack=False): kernels that no path connects, each keeping its own
    loops, share one launch, under packing.py's rules (a pack never delays a
    kernel on the longest path, nor a loop's next iteration, and holds a
-   bounded number of bytes). Its traffic is its members', so the evaluator
+   bounded number of bytes, inputs and ops). Its traffic is its members', so the evaluator
    gains one launch per kernel that joins a pack.
 
 Delta evaluator f(P) = T_unfused - T_fused - T_penalty, in seconds, with the

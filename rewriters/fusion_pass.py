@@ -6,8 +6,10 @@ reduction share a kernel with the ops that read it, then packs kernels that
 no path connects into one launch (packing.py); "xla_like" (xla_like.py)
 follows XLA's rules, for comparison; "explore" (explore.py) searches fusion
 plans with FusionStitching's delta evaluator and packs independent kernels.
-Any cluster whose kernel cannot be generated, compiled or registered stays as
-TensorFlow ops; the reason goes to the report.
+Any cluster whose kernel cannot be lowered, generated, compiled or registered
+stays as TensorFlow ops; the reason goes to the report. A pack that does not
+lower, or that the generator refuses, is split: its parts, each a cluster
+before it was packed, are built apart.
 
 The same pass then runs inside every function the graph calls (While bodies
 and conditions, If/Case branches, PartitionedCall bodies, recursively:
@@ -68,8 +70,65 @@ def _worth_a_kernel(c: ir.Cluster, min_cluster_ops: int) -> bool:
     return prims >= min_cluster_ops or any(op.prim in ir.SCATTER for op in c.ops)
 
 
+def _lower_groups(view: GraphView, groups: List[List[str]], fetches: Set[Tensor],
+                  min_cluster_ops: int, reports: List[ClusterReport]) -> List[LoweredCluster]:
+    """The groups' clusters worth a kernel. A group that does not lower
+    stays as TF ops with its reason in `reports`, unless it is a pack:
+    then its parts, each a cluster before it was packed, are lowered apart."""
+    lowered: List[LoweredCluster] = []
+    for nodes in groups:
+        try:
+            lc = lower_nodes(view, nodes, fetches)
+        except clustering.LOWERING_ERRORS as e:
+            parts = packing.pack_parts(view, nodes)
+            if len(parts) > 1:
+                reports.append(_split_report(nodes, len(parts), f"lowering: {e}"))
+                lowered += _lower_groups(view, parts, fetches, min_cluster_ops, reports)
+                continue
+            # A plan priced without the cluster checks (explore) whose
+            # cluster fails them: its ops stay TF ops, as any failed kernel's.
+            reports.append(ClusterReport(nodes[0], [(n, view.nodes[n].op) for n in nodes],
+                                         False, reason=f"lowering: {e}"))
+            continue
+        if _worth_a_kernel(lc.cluster, min_cluster_ops):
+            lowered.append(lc)
+    return lowered
+
+
+def _build_groups(view: GraphView, build, lowered: List[LoweredCluster], fetches: Set[Tensor],
+                  min_cluster_ops: int, reports: List[ClusterReport]) -> List[tuple]:
+    """(cluster, kernel, None) or (cluster, None, reason) per cluster. A
+    pack that the generator refuses (its parts' schedules, fs_meta's
+    counts) is built as its parts instead; one that fails to compile, load
+    or register falls back whole, as a missing, failing or hanging compiler
+    or a refused cache would fail its parts the same way."""
+    built, parts = [], []
+    for lc, (kernel, error) in zip(lowered, _build_all(build, [lc.cluster for lc in lowered])):
+        split = packing.pack_parts(view, lc.nodes) \
+            if isinstance(error, clustering.LOWERING_ERRORS) else [lc.nodes]
+        if len(split) > 1:
+            reports.append(_split_report(lc.nodes, len(split), _reason(error)))
+            parts += split
+        else:
+            built.append((lc, kernel, error and _reason(error)))
+    if parts:
+        again = _lower_groups(view, parts, fetches, min_cluster_ops, reports)
+        built += [(lc, kernel, error and _reason(error)) for lc, (kernel, error)
+                  in zip(again, _build_all(build, [lc.cluster for lc in again]))]
+    return built
+
+
+def _reason(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def _split_report(nodes: List[str], parts: int, reason: str) -> ClusterReport:
+    return ClusterReport(nodes[0], [], False, reason=f"pack of {parts} parts split: {reason}",
+                         split=parts)
+
+
 def _build_all(build, clusters: List[ir.Cluster]) -> List[tuple]:
-    """(kernel, None) or (None, reason) per cluster. Equal clusters (the
+    """(kernel, None) or (None, the exception) per cluster. Equal clusters (the
     layers of a deep model) are built once; the largest start first, so one
     long compilation does not run alone at the end."""
     distinct: Dict[str, ir.Cluster] = {}
@@ -84,7 +143,7 @@ def _build_all(build, clusters: List[ir.Cluster]) -> List[tuple]:
             try:
                 outcome[spec] = (f.result(), None)
             except Exception as e:  # any failure falls back to TF ops for that cluster
-                outcome[spec] = (None, f"{type(e).__name__}: {e}")
+                outcome[spec] = (None, e)
     return [outcome[c.to_json()] for c in clusters]
 
 
@@ -201,26 +260,14 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
             groups = packing.pack_clusters(
                 view, groups, fetches,
                 recurrences.waited_for(view, context.loop_vars, recurrence))
-    lowered: List[LoweredCluster] = []
     reports: List[ClusterReport] = []
-    for nodes in groups:
-        try:
-            lc = lower_nodes(view, nodes, fetches)
-        except clustering.LOWERING_ERRORS as e:
-            # A plan priced without the cluster checks (explore) whose
-            # cluster fails them: its ops stay TF ops, as any failed kernel's.
-            reports.append(ClusterReport(nodes[0], [(n, view.nodes[n].op) for n in nodes],
-                                         False, reason=f"lowering: {e}"))
-            continue
-        if _worth_a_kernel(lc.cluster, min_cluster_ops):
-            lowered.append(lc)
-
+    lowered = _lower_groups(view, groups, fetches, min_cluster_ops, reports)
     start = time.perf_counter()
-    results = _build_all(build, [lc.cluster for lc in lowered])
+    built = _build_groups(view, build, lowered, fetches, min_cluster_ops, reports)
     compile_seconds = time.perf_counter() - start
 
     replacements = []
-    for lc, (kernel, error) in zip(lowered, results):
+    for lc, kernel, error in built:
         tf_ops = [(n, view.nodes[n].op) for n in lc.nodes]
         if kernel is None:
             reports.append(ClusterReport(lc.nodes[0], tf_ops, False, reason=error))
@@ -236,7 +283,7 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
             r.name = next(fused_names)
 
     after = memory_intensive_kernels(new_gd)
-    fused = {n for lc, (k, _) in zip(lowered, results) if k is not None for n in lc.nodes}
+    fused = {n for lc, k, _ in built if k is not None for n in lc.nodes}
     unfused = [(n, view.nodes[n].op, why or "no profitable cluster")
                for n, why in verdict.items()
                if n not in fused and op_table.is_memory_intensive(view.nodes[n].op)]

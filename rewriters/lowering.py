@@ -62,7 +62,8 @@ def lower_nodes(view: GraphView, nodes: Sequence[str], fetches: Set[Tensor],
                 validate: bool = True) -> LoweredCluster:
     """Raises NotFusible / ir.SpecError when the nodes cannot form one cluster.
     validate=False skips the cluster's own checks (ir.Cluster.validate, about
-    a third of the time): for a search that only prices clusters; whatever is
+    a third of the time) but its size's: for a search that only prices
+    clusters, which must never price one too large to build; whatever is
     built from one is lowered again with them."""
     members = set(nodes)
     ordered = sorted(members, key=view.position.get)
@@ -140,6 +141,8 @@ def lower_nodes(view: GraphView, nodes: Sequence[str], fetches: Set[Tensor],
                          _equal_dims(view, inputs, input_tensors))
     if validate:
         cluster.validate()
+    else:
+        cluster.check_size()
     return LoweredCluster(ordered, cluster, input_tensors, output_tensors)
 
 

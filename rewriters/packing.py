@@ -32,7 +32,11 @@ else opens one. A unit joins a pack when
   outputs are allocated together and its inputs live until the whole pack
   runs, so packing big kernels (an optimizer's update of every weight)
   would hold much more memory at once for no gain (launches matter for
-  small kernels).
+  small kernels);
+- the pack stays within the inputs and ops a kernel may have
+  (pack_limits.py): a unit that would pass them opens a new pack instead,
+  so an optimizer's updates of hundreds of small weights make a few packs
+  rather than one that cannot be built.
 
 Reachability is kept as bit sets over units: `desc[p]`, the units reachable
 from pack p (through any nodes, every cluster counted as one node). Joining
@@ -56,6 +60,7 @@ from typing import Dict, List, Optional, Set
 from tf_fusionstitch.rewriters import op_table
 from tf_fusionstitch.rewriters.cpu_costs import BUILTIN, DYNAMIC_EXTENT
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
+from tf_fusionstitch.rewriters.pack_limits import KernelSize, kernel_size
 
 # Inputs plus outputs of one pack, bytes, at most (dimensions unknown at
 # trace time counted as cpu_costs.DYNAMIC_EXTENT).
@@ -92,29 +97,35 @@ def pack_clusters(view: GraphView, groups: List[List[str]], fetches: Set[Tensor]
     if graph is None:
         return groups
     desc, windows = graph
-    alone = _carrying(view, units, carried)
+    kernel = [kernel_size(view, g, fetches, b) for g, b in zip(units, size)]
+    # A unit that does not lower, or is too big to pack, joins no pack
+    # and no unit joins it.
+    alone = _carrying(view, units, carried) | {
+        u for u, k in enumerate(kernel) if k is None or not k.within(PACK_MAX_BYTES)}
 
     members: Dict[int, List[int]] = {}   # pack id (its first unit) -> units
     mask: Dict[int, int] = {}            # pack id -> bit set of its units
     window: Dict[int, StartWindow] = {}  # pack id -> when it may start
+    load: Dict[int, KernelSize] = {}     # pack id -> its kernel's size
     recent: List[int] = []               # open pack ids, most recently grown last
     absorbed: Set[int] = set()           # units inside a pack of another id
     for u in range(len(units)):
         joined = None
-        if size[u] <= PACK_MAX_BYTES and u not in alone:
+        if u not in alone:
             for p in reversed(recent[-PACK_CANDIDATES:]):
-                fits = sum(size[m] for m in members[p]) + size[u] <= PACK_MAX_BYTES
-                if fits and window[p].admits(windows[u]) and not desc[p] & (1 << u) \
+                if load[p].plus(kernel[u]).within(PACK_MAX_BYTES) \
+                        and window[p].admits(windows[u]) and not desc[p] & (1 << u) \
                         and not desc[u] & mask[p]:
                     joined = p
                     break
         if joined is None:
             members[u], mask[u] = [u], 1 << u
-            window[u] = windows[u]
+            window[u], load[u] = windows[u], kernel[u]
             if u not in alone:   # no other unit joins it either
                 recent.append(u)
             continue
         members[joined].append(u)
+        load[joined] = load[joined].plus(kernel[u])
         absorbed.add(u)
         grown = mask[joined] | (1 << u)
         both = desc[joined] | desc[u]
@@ -142,6 +153,35 @@ def pack_clusters(view: GraphView, groups: List[List[str]], fetches: Set[Tensor]
         out.append(sorted((n for u in us for n in units[u]), key=position.get))
     out.sort(key=lambda g: position[g[0]])
     return out
+
+
+def pack_parts(view: GraphView, nodes: List[str]) -> List[List[str]]:
+    """The clusters a pack of `nodes` joined: their connected components
+    through the data edges between them (a pack joins only clusters that
+    no path connects, and the strategies grow a cluster along its edges),
+    each in topological order, in the order of their first node. A cluster
+    that is no pack is one part."""
+    position = view.position
+    inside = set(nodes)
+    part_of: Dict[str, int] = {}
+    parts: List[List[str]] = []
+    for start in sorted(nodes, key=position.get):
+        if start in part_of:
+            continue
+        part_of[start] = len(parts)
+        part, stack = [], [start]
+        while stack:
+            n = stack.pop()
+            part.append(n)
+            near = [src for src, _ in view.data_inputs[n]] + [
+                c for port in range(view.num_outputs[n])
+                for c in view.data_consumers.get((n, port), ())]
+            for m in near:
+                if m in inside and m not in part_of:
+                    part_of[m] = len(parts)
+                    stack.append(m)
+        parts.append(sorted(part, key=position.get))
+    return parts
 
 
 _CONTRACTIONS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",

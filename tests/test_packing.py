@@ -5,6 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_fusionstitch as fs
+from tf_fusionstitch import fusion_ir as ir
 from optimize_testlib import fusion_stitch_nodes, quiet_call, random, rng
 from tf_fusionstitch.rewriters import packing
 from tf_fusionstitch.rewriters.graph_view import GraphView
@@ -116,9 +117,12 @@ class PackingTest(tf.test.TestCase):
                 node = gd.node.add(name=f"n{i}", op="Tanh" if gen.random() < 0.5 else "MatMul")
                 for src in sorted(set(gen.integers(0, i, size=gen.integers(0, 3)))) if i else ():
                     node.input.append(f"n{src}")
-            view = GraphView(gd, {})
+            # Typed and fetched, so that every cluster lowers (packs are
+            # sized by their lowering).
+            fetched = {(f"n{i}", 0) for i in range(36)}
+            view = GraphView(gd, dict.fromkeys(fetched, ir.TensorType("float32", (4, 4))))
             groups = _random_clusters(view, gen)
-            packs = packing.pack_clusters(view, groups, set())
+            packs = packing.pack_clusters(view, groups, fetched)
             packed_somewhere += len(packs) < len(groups)
             self.assertTrue(_acyclic(_quotient_edges(view, packs)), packs)
             self.assertCountEqual([n for g in packs for n in g], [n for g in groups for n in g])

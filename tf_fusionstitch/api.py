@@ -333,7 +333,9 @@ class OptimizedFunction:
             rewrite_seconds=time.perf_counter() - start, unfused_ops=result.unfused_ops,
             assumed_equal=_pair_list(equalities.assumed),
             equal_sizes_wanted=_pair_list(equalities.wanted))
-        if key is not None and not report.fallbacks:
+        # A plan with a fallback or a split pack may owe it to a passing
+        # failure (a compiler's timeout): it is not cached.
+        if key is not None and not report.fallbacks and not report.split_packs:
             try:
                 rewrite_cache.store(key, result.graph_def, output_names, report)
             except (cache.CacheError, OSError):

@@ -77,6 +77,16 @@ NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
+# The largest cluster a kernel is generated for (Cluster.validate refuses a
+# larger one). The strategies grow clusters within them and packing sizes
+# its packs by them (rewriters/pack_limits.py), so no cluster they form
+# fails for its size.
+MAX_INPUTS = 512
+MAX_OPS = 10000
+# fs_meta's counts (inputs, outputs, run-time extents) at most: the op and
+# runtime/cpu_kernel.py refuse a kernel past them (docs/KERNEL_ABI.md).
+MAX_META_COUNT = 1 << 16
+
 
 class SpecError(ValueError):
     """A fusion spec that cannot describe a valid cluster."""
@@ -211,11 +221,18 @@ class Cluster:
         cluster.validate()
         return cluster
 
+    def check_size(self) -> None:
+        """Raises SpecError when the cluster has more than MAX_INPUTS inputs
+        or MAX_OPS ops (validate checks this first)."""
+        _expect(len(self.inputs) <= MAX_INPUTS and len(self.ops) <= MAX_OPS,
+                f"cluster too large: {len(self.inputs)} inputs (at most {MAX_INPUTS}), "
+                f"{len(self.ops)} ops (at most {MAX_OPS})")
+
     def validate(self) -> None:
         """Checks names, arity, attributes, dtypes and every shape (re-inferred)."""
         _expect(len(self.ops) > 0, "a cluster needs at least one op")
         _expect(len(self.outputs) > 0, "a cluster needs at least one output")
-        _expect(len(self.inputs) <= 512 and len(self.ops) <= 10000, "cluster too large")
+        self.check_size()
         known: dict = {}
         for name, t in self.inputs:
             _check_name(name)

@@ -18,6 +18,9 @@ class ClusterReport:
     loops: int = 0                     # column loops per row (1 + reductions in sequence)
     buffered: Tuple[str, ...] = ()     # values kept in a per-row buffer
     parts: int = 1                     # unconnected parts packed in one launch
+    # A pack whose kernel failed (`reason` says why): the number of parts it
+    # was split into, each lowered and reported on its own (tf_ops empty).
+    split: int = 0
 
 
 @dataclasses.dataclass
@@ -65,7 +68,13 @@ class Report:
 
     @property
     def fallbacks(self) -> List[ClusterReport]:
-        return [c for c in self.clusters if not c.fused]
+        """The clusters that stay as TensorFlow ops."""
+        return [c for c in self.clusters if not c.fused and not c.split]
+
+    @property
+    def split_packs(self) -> List[ClusterReport]:
+        """The packs built as their parts instead (those have entries of their own)."""
+        return [c for c in self.clusters if c.split]
 
     def __str__(self) -> str:
         if self.failure:
@@ -91,6 +100,9 @@ class Report:
                 packed = f", {c.parts} parts packed" if c.parts > 1 else ""
                 lines.append(f"  [fused] {c.name}: {len(c.tf_ops)} ops{packed}, {c.loops} loop(s)"
                              f"{extra}: {ops}")
+            elif c.split:
+                lines.append(f"  [split] {c.name}: a pack built as its {c.split} parts\n"
+                             f"      reason: {c.reason}")
             else:
                 lines.append(f"  [fallback] {c.name}: {ops}\n      reason: {c.reason}")
         if self.unfused_ops:

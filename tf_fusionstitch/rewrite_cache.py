@@ -27,8 +27,9 @@ key must equal the node's `kernel_key`, and it is registered with the op
 library again; rewritten library functions are registered with the eager
 runtime (function_bodies.register_functions). Anything wrong with an entry (absent,
 altered, unparsable, a kernel that fails) makes `load` return None and the
-caller rewrites from scratch. Only plans whose clusters all fused are stored:
-a fallback may be passing (a missing compiler, a timeout).
+caller rewrites from scratch. Only plans whose clusters all fused, with no
+pack split into its parts, are stored: a fallback may be passing (a missing
+compiler, a timeout).
 """
 
 from __future__ import annotations

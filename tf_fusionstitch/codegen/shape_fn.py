@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import List
 
 from tf_fusionstitch.codegen import kernel_ir as k
-from tf_fusionstitch.fusion_ir import DTYPE_BYTES, DTYPE_CODES, EXPENSIVE
+from tf_fusionstitch.fusion_ir import DTYPE_BYTES, DTYPE_CODES, EXPENSIVE, MAX_META_COUNT
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE, Schedule, UnsupportedCluster
 
 ABI_VERSION = 2  # docs/KERNEL_ABI.md; the op and runtime/cpu_kernel.py check it
@@ -57,6 +57,10 @@ def print_meta(s: Schedule, export: str) -> str:
 def format_meta(c, n_ext: int, forward, export: str) -> str:
     """`fs_meta` of cluster `c` with `n_ext` run-time extents and the
     (output, input) buffer `forward` pairs."""
+    if max(len(c.inputs), len(c.outputs), n_ext) > MAX_META_COUNT:
+        # A pack of thousands of parts: refused here, before it is compiled.
+        raise UnsupportedCluster(f"{len(c.inputs)} inputs, {len(c.outputs)} outputs and "
+                                 f"{n_ext} run-time extents: fs_meta allows {MAX_META_COUNT}")
     types = c.types()
     vals: List[int] = [ABI_VERSION, len(c.inputs), len(c.outputs), n_ext]
     vals += [t.rank for _, t in c.inputs]

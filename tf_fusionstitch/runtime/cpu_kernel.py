@@ -16,11 +16,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from tf_fusionstitch.fusion_ir import DTYPE_CODES
+from tf_fusionstitch.fusion_ir import DTYPE_CODES, MAX_META_COUNT
 
 ABI_VERSION = 2
 _MAX_RANK = 254      # TensorFlow's limit
-_MAX_COUNT = 1 << 16  # sanity bound while reading fs_meta
 _ERR_LEN = 1024
 
 _I64P = ctypes.POINTER(ctypes.c_int64)
@@ -258,7 +257,7 @@ def _read_meta(lib: ctypes.CDLL, path: str) -> KernelMeta:
                               f"supports {ABI_VERSION}. Clear the cache and rebuild.")
     n_in, n_out, n_ext = words[1], words[2], words[3]
     for name, n, low in (("n_in", n_in, 0), ("n_out", n_out, 1), ("n_ext", n_ext, 0)):
-        if not low <= n <= _MAX_COUNT:
+        if not low <= n <= MAX_META_COUNT:
             raise KernelLoadError(f"kernel {path}: fs_meta {name} = {n} is out of range")
     ranks = [words[4 + i] for i in range(n_in + n_out)]
     if any(not 0 <= r <= _MAX_RANK for r in ranks):
