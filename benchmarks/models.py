@@ -41,13 +41,9 @@ import ast
 import datetime
 import os
 import pathlib
-import platform
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 import warnings
@@ -61,6 +57,7 @@ import tensorflow as tf  # noqa: E402
 
 import results_md  # noqa: E402  (benchmarks/ is this script's directory, first on sys.path)
 import rounds  # noqa: E402
+import run_context  # noqa: E402
 
 _HERE = pathlib.Path(__file__).resolve().parent
 # This file shadows nothing: `models` on sys.path[0] is the package benchmarks/models/ (a
@@ -71,7 +68,6 @@ from benchmarks import models as reference_models  # noqa: E402
 
 import tf_fusionstitch as fs  # noqa: E402
 from tf_fusionstitch.rewriters import cpu_costs  # noqa: E402
-from tf_fusionstitch.runtime import cache as fs_cache  # noqa: E402
 
 BEGIN, END = "<!-- models:begin -->", "<!-- models:end -->"
 ALL_MODELS = tuple(reference_models.MODELS)
@@ -103,11 +99,6 @@ INFERENCE_MODELS = ("bert",)
 
 # --------------------------------------------------------------------------- helpers
 
-def _one_line(exc):
-    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
-    return re.sub(r"\s+", " ", text[0] if text else type(exc).__name__)[:300]
-
-
 def _overrides():
     result = {}
     for item in FLAGS.override:
@@ -128,21 +119,13 @@ def _calibrate(cache_root):
     use calibrated costs."""
     if FLAGS.fs_fusion != "explore" or FLAGS.fs_costs == "builtin":
         return None, None
-    _fresh_cache_dir(cache_root, "calibration")
+    run_context.fresh_cache_dir(cache_root, "calibration")
     _, source = cpu_costs.for_this_machine()
     record = cpu_costs.cached_record()
     if record is None:  # calibration failed: every row prices with the builtin costs
         return None, f"Cost calibration: {source}."
     return record, (f"Cost calibration (once per machine, before the rows, not in cold s): "
                     f"{record['seconds']:.2f} s.")
-
-
-def _fresh_cache_dir(root, label):
-    path = pathlib.Path(root) / label
-    path.mkdir(mode=0o700)
-    os.chmod(path, 0o700)
-    os.environ[fs_cache.ENV_CACHE_DIR] = str(path)
-    return path
 
 
 def _max_abs_diff(actual, expected):
@@ -198,7 +181,7 @@ def run_row(name, function, sizes, batch_size, cache_root, calibration=None):
         args = list(batch.inputs) + ([batch.labels] if function == "train_step" else [])
 
         stage = f"optimize ({FLAGS.fs_fusion}, cold)"
-        _fresh_cache_dir(cache_root, f"{name}-{function}")
+        run_context.fresh_cache_dir(cache_root, f"{name}-{function}")
         if calibration is not None:
             cpu_costs.store(calibration)
         fs_fn = fs.optimize(fns["fs"], **_fs_options())
@@ -241,7 +224,7 @@ def run_row(name, function, sizes, batch_size, cache_root, calibration=None):
             try:
                 first[label] = f(*args)
             except Exception as e:
-                row["notes"].append(f"{label} failed on the first call: {_one_line(e)}")
+                row["notes"].append(f"{label} failed on the first call: {run_context.one_line(e)}")
                 continue
             row[f"first_{label}"] = time.perf_counter() - t0
         if "TF" not in first:
@@ -276,7 +259,7 @@ def run_row(name, function, sizes, batch_size, cache_root, calibration=None):
               + _interval_text(row),
               flush=True)
     except Exception as e:
-        row["notes"].append(f"failed at {stage}: {_one_line(e)}")
+        row["notes"].append(f"failed at {stage}: {run_context.one_line(e)}")
         traceback.print_exc()
     return row
 
@@ -339,56 +322,6 @@ def print_table(rows):
             print(f"  {r['model']} {r['function']}: {note}")
 
 
-def _source_state():
-    """The commit measured, and whether tracked files had uncommitted changes."""
-    def git(*args):  # porcelain lines start with a space: strip only line ends
-        return subprocess.run(["git", *args], cwd=_HERE.parent, capture_output=True,
-                              text=True, timeout=30).stdout.rstrip()
-    try:
-        commit = git("rev-parse", "--short", "HEAD")
-        dirty = [l[3:] for l in git("status", "--porcelain", "--untracked-files=no")
-                 .splitlines() if l.strip()]
-    except (OSError, subprocess.SubprocessError):
-        return "commit unknown"
-    if not commit:
-        return "commit unknown"
-    return f"commit {commit}" + (f" with uncommitted changes to {', '.join(dirty)}"
-                                 if dirty else "")
-
-
-class LoadSampler:
-    """The 1-minute load average every `period` seconds while the run lasts (this process
-    included: its own TF threads keep about one runnable thread per core)."""
-
-    def __init__(self, period=15.0):
-        self.samples, self._stop = [], threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(period,), daemon=True)
-
-    def _run(self, period):
-        while not self._stop.wait(period):
-            self.samples.append(os.getloadavg()[0])
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def text(self):
-        if not self.samples:
-            return "load not sampled during the run"
-        return (f"1-min load during the run (this process included) median "
-                f"{statistics.median(self.samples):.1f}, max {max(self.samples):.1f}")
-
-
-def machine_line(load):
-    return (f"{results_md.cpu_model()}, {os.cpu_count()} cores; TF {tf.__version__}, numpy "
-            f"{np.__version__}, Python {platform.python_version()}; load average {load:.2f} "
-            f"before the run")
-
-
 def _fs_options():
     """optimize()'s options for the fs contender, from the flags."""
     options = {"fusion": FLAGS.fs_fusion}
@@ -409,7 +342,7 @@ def markdown(rows, load, seconds, sizes_text, source, during, calibration_text=N
         BEGIN,
         "## Reference models (`benchmarks/models.py`)",
         "",
-        f"{datetime.date.today().isoformat()}; {machine_line(load)}; the run took "
+        f"{datetime.date.today().isoformat()}; {run_context.machine_line(load)}; the run took "
         f"{seconds / 60:.1f} min; {during}; {source} at the start.",
         f"`{' '.join(['python benchmarks/models.py'] + sys.argv[1:])}`. "
         f"Sizes: {FLAGS.size}{sizes_text}{batch_text}. "
@@ -475,8 +408,8 @@ def main(argv):
     overrides = _overrides()
     load = os.getloadavg()[0]  # other work running now skews every time below
     start = time.perf_counter()
-    source = _source_state()
-    print(f"{machine_line(load)}; {source}", flush=True)
+    source = run_context.source_state()
+    print(f"{run_context.machine_line(load)}; {source}", flush=True)
 
     # The op library is part of the installation, not of a rewrite: build or find it in
     # the usual cache before the kernels move to fresh directories.
@@ -486,7 +419,7 @@ def main(argv):
     rows = []
     sizes_text = []
     with tempfile.TemporaryDirectory(prefix="fs-models-bench-") as cache_root, \
-            LoadSampler() as sampler:
+            run_context.LoadSampler() as sampler:
         os.chmod(cache_root, 0o700)
         calibration, calibration_text = _calibrate(cache_root)
         if calibration_text:

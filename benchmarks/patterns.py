@@ -21,10 +21,8 @@ result is checked against TF's (max abs difference).
 
 import concurrent.futures
 import datetime
-import logging
 import os
 import platform
-import re
 import statistics
 import time
 
@@ -36,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 import results_md  # benchmarks/ is this script's directory, first on sys.path
+import run_context
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 BEGIN, END = "<!-- patterns:begin -->", "<!-- patterns:end -->"
@@ -160,35 +159,13 @@ def _max_diff(result, reference):
     return float(np.max(diff)) if diff.size else 0.0
 
 
-def _one_line(exc):
-    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
-    return re.sub(r"\s+", " ", text[0] if text else type(exc).__name__)[:200]
-
-
-def _ort_contender(fn, arrays):
-    """(callable, None) running the tf2onnx conversion in ONNX Runtime, or (None, reason)."""
-    try:
-        import onnxruntime as ort
-        import tf2onnx
-        logging.getLogger("tf2onnx").setLevel(logging.CRITICAL)  # failures are recorded
-        sig = [tf.TensorSpec(a.shape, tf.float32, name=f"in{i}") for i, a in enumerate(arrays)]
-        model, _ = tf2onnx.convert.from_function(tf.function(fn, input_signature=sig),
-                                                 input_signature=sig)
-        sess = ort.InferenceSession(model.SerializeToString(),
-                                    providers=["CPUExecutionProvider"])
-    except Exception as e:  # conversion of e.g. Erfc fails in tf2onnx 1.17
-        return None, _one_line(e)
-    feeds = {i.name: a for i, a in zip(sess.get_inputs(), arrays)}
-    return (lambda: sess.run(None, feeds)[0]), None
-
-
 def _fs_contender(tf_fn):
     """(optimized callable, None) or (None, error text)."""
     try:
         import tf_fusionstitch as fs
         return fs.optimize(tf_fn), None
     except Exception as e:  # the compiler is optional for this script: record, go on
-        return None, _one_line(e)
+        return None, run_context.one_line(e)
 
 
 def run_case(name, fn, shapes, rng, bandwidth):
@@ -214,11 +191,11 @@ def run_case(name, fn, shapes, rng, bandwidth):
             row["diff"][label] = _max_diff(f(*tensors), reference)
             row["ms"][label] = _median_ms(lambda: f(*tensors), FLAGS.warmup, FLAGS.repeats)
         except Exception as e:
-            row["note"][label] = _one_line(e)
+            row["note"][label] = run_context.one_line(e)
     # optimize() rewrites on the first call, so the report exists only after one.
     row["report"] = fast.report() if fast is not None and "fs" in row["diff"] else None
 
-    ort_call, reason = _ort_contender(fn, arrays)
+    ort_call, reason = run_context.ort_contender(fn, arrays)
     if ort_call is None:
         row["note"]["ORT"] = reason
     else:
