@@ -15,10 +15,11 @@ all: test
 venv: $(STAMP)
 
 # Reinstalled only when one of these files is newer than the stamp.
-$(STAMP): requirements.txt setup.py pyproject.toml
+$(STAMP): requirements.txt requirements-nodeps.txt setup.py pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements-nodeps.txt
 	$(PY) -m pip install --quiet -e .
 	@touch $@
 

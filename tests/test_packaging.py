@@ -84,5 +84,19 @@ class PackagingTest(absltest.TestCase):
         self.assertEqual(result.stdout.strip(), "[]")
 
 
+class EnvironmentTest(absltest.TestCase):
+    """What `make` installs: one TensorFlow distribution, keras-hub beside it."""
+
+    def test_one_tensorflow_distribution_and_no_tensorflow_text(self):
+        from importlib import metadata
+        names = {(d.metadata["Name"] or "").lower().replace("_", "-")
+                 for d in metadata.distributions()}
+        tensorflows = sorted(n for n in names if n in (
+            "tensorflow", "tensorflow-cpu", "tensorflow-intel", "tf-nightly", "tensorflow-gpu"))
+        self.assertLen(tensorflows, 1, f"TensorFlow distributions installed: {tensorflows}")
+        self.assertNotIn("tensorflow-text", names)
+        self.assertIn("keras-hub", names)
+
+
 if __name__ == "__main__":
     absltest.main()

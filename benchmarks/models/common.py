@@ -43,24 +43,29 @@ def generator(seed: Seed) -> np.random.Generator:
     return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
 
 
+def random_weight(gen: np.random.Generator, path: str, shape) -> np.ndarray:
+    """A seeded random value for the weight at `path`: fan-in scaled kernels,
+    embeddings of spread 0.5, norm scales near one, moving variances in
+    [0.5, 1.5], and small nonzero biases, offsets and moving means."""
+    shape = tuple(shape)
+    if "moving_variance" in path:
+        return gen.uniform(0.5, 1.5, shape)
+    if "embeddings" in path:
+        return 0.5 * gen.standard_normal(shape)
+    if len(shape) >= 2:                    # kernels: fan-in scaled, as Glorot-like inits are
+        return gen.standard_normal(shape) / np.sqrt(np.prod(shape[:-1]))
+    if "gamma" in path or path.endswith("/scale"):   # LayerNorm / RMSNorm scales
+        return 1.0 + 0.1 * gen.standard_normal(shape)
+    return 0.1 * gen.standard_normal(shape)          # biases, beta, moving_mean
+
+
 def randomize_weights(model: keras.Model, seed: int) -> None:
     """Seeded random values for every weight, from NumPy (not Keras' initializers),
     so two builds with one seed are identical and no bias, norm parameter or
     moving statistic is trivially zero or one."""
     gen = np.random.default_rng(seed)
     for v in model.weights:
-        shape, path = tuple(v.shape), v.path
-        if "moving_variance" in path:
-            value = gen.uniform(0.5, 1.5, shape)
-        elif "embeddings" in path:
-            value = 0.5 * gen.standard_normal(shape)
-        elif len(shape) >= 2:              # kernels: fan-in scaled, as Glorot-like inits are
-            value = gen.standard_normal(shape) / np.sqrt(np.prod(shape[:-1]))
-        elif "gamma" in path:
-            value = 1.0 + 0.1 * gen.standard_normal(shape)
-        else:                              # biases, beta, moving_mean
-            value = 0.1 * gen.standard_normal(shape)
-        v.assign(value.astype(v.dtype))
+        v.assign(random_weight(gen, v.path, v.shape).astype(v.dtype))
 
 
 def assemble(name: str, sizes: dict, model: keras.Model, input_specs: Sequence[tf.TensorSpec],

@@ -1,0 +1,46 @@
+"""The model zoo: third-party models as users bring them, built from their
+public constructors with seeded random weights and no downloads.
+
+Sixteen keras.applications CNNs (vision.py) and fifteen keras_hub backbones
+(text.py), each at a "tiny" size for tests and a "real" one for benchmarks,
+with an inference function (batch dimension None; sequence length None too
+for text models) and a train step (a training head, a loss and one of nine
+Keras optimizers; some models under the mixed_bfloat16 policy, some with
+dropout active). tf_fusionstitch never sees these models while it is built:
+they are where it is checked.
+
+    from benchmarks import zoo
+    m = zoo.build("bert", "tiny", seed=0)
+    batch = m.make_batch(seed, batch=4, seq=16)
+    m.inference(*batch.inputs); m.train_step(*batch.inputs, batch.labels)
+"""
+
+from benchmarks.zoo import text, vision
+from benchmarks.zoo.assemble import OPTIMIZERS, POLICIES, ZooModel  # noqa: F401
+
+SIZES = ("tiny", "real")
+_BUILDERS = {**{name: vision.build for name in vision.ENTRIES},
+             **{name: text.build for name in text.ENTRIES}}
+NAMES = tuple(_BUILDERS)
+
+
+def entry(name: str):
+    """The entry (vision.VisionEntry or text.TextEntry) that describes `name`."""
+    _check(name)
+    return vision.ENTRIES.get(name) or text.ENTRIES[name]
+
+
+def build(name: str, size: str = "tiny", seed: int = 0, policy: str = None) -> ZooModel:
+    """Builds zoo model `name` at `size` with weights seeded by `seed`, under
+    its own dtype policy or `policy` (POLICIES; "float64": its float64 twin)."""
+    _check(name)
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {SIZES}, got {size!r}")
+    if policy is not None and policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    return _BUILDERS[name](name, size, seed, policy)
+
+
+def _check(name: str) -> None:
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown zoo model {name!r}; known: {', '.join(NAMES)}")
