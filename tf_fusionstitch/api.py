@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from tf_fusionstitch import graph_check, kernels, rewrite_cache
+from tf_fusionstitch import graph_check, kernels, measured_choice, rewrite_cache
 from tf_fusionstitch.report import Report
 from tf_fusionstitch.rewriters import (cpu_costs, decided_shapes, function_bodies, grappler,
                                        shapes)
@@ -55,12 +55,17 @@ _OPTIONS = {
                    "a gradient's reduction, rewrite a version assuming them; every call "
                    "checks its sizes and runs a version they fit "
                    "(tf_fusionstitch/versions.py)"),
+    "measured_choice": (int, 0, "N > 0: each version's first calls alternate between the "
+                        "fused and the original function (one untimed and N timed calls of "
+                        "each) and the faster one runs from then on "
+                        "(tf_fusionstitch/measured_choice.py); 0: always the fused one"),
 }
 # Options that do not change the rewritten graph, so stay out of the rewrite cache's key.
-_NOT_IN_CACHE_KEY = ("rewrite_cache",)
+_NOT_IN_CACHE_KEY = ("rewrite_cache", "measured_choice")
 # Options that only mean something under fusion="explore", and the ranges of the numeric ones.
 _EXPLORE_ONLY = ("explore_k", "explore_beam", "costs")
 _EXPLORE_RANGES = {"explore_k": (1, 8), "explore_beam": (1, 16)}
+_RANGES = {"measured_choice": (0, 1000)}
 # Options whose value must be one of a few.
 _CHOICES = {"fusion": FUSION_STRATEGIES, "costs": ("calibrated", "builtin")}
 
@@ -91,14 +96,32 @@ class OptimizedFunction:
 
     def __call__(self, *args, **kwargs):
         if not self._options["specialize"]:
-            return self._versions.generic.fn(*args, **kwargs)
+            return self._run(self._versions.generic, args, kwargs)
         version = self._versions.ready()
         if version is not None:
-            return version.fn(*args, **kwargs)
+            return self._run(version, args, kwargs)
         sizes = self._call_sizes(args, kwargs)
         version = self._versions.pick(sizes)
-        result = version.fn(*args, **kwargs)
+        result = self._run(version, args, kwargs)
         self._versions.settle(version, sizes)
+        return result
+
+    def _run(self, version: Version, args, kwargs):
+        """One call of `version`, or of the original while a measured choice
+        (measured_choice.py) is timing the two or has kept the original."""
+        choice = getattr(version, "choice", None)
+        if choice is None or _symbolic(args, kwargs):   # inside another function: untimed
+            return version.fn(*args, **kwargs)
+        decided = choice.choice is not None
+        contender = choice.next_contender()
+        fn = version.fn if contender == measured_choice.FUSED else self._original
+        if decided:
+            return fn(*args, **kwargs)
+        start = choice.clock()
+        result = fn(*args, **kwargs)
+        choice.record(contender, choice.clock() - start)
+        if choice.choice is not None and version.report is not None:
+            version.report.choice = choice.summary()
         return result
 
     def get_concrete_function(self, *args, **kwargs):
@@ -159,6 +182,8 @@ class OptimizedFunction:
     # -- tracing -----------------------------------------------------------
     def _make_function(self, version: Version):
         """The tf.function whose traces rewrite under `version`'s assumptions."""
+        calls = self._options["measured_choice"]
+        version.choice = measured_choice.MeasuredChoice(calls) if calls else None
         if self._python_fn is None:
             def trace_concrete(*flat_args):
                 return self._run_rewritten(version, self._original, list(flat_args))
@@ -435,6 +460,13 @@ def _flatten_like(structure, value) -> list:
     raise ValueError(f"an input signature entry of type {type(structure).__name__}")
 
 
+def _symbolic(args, kwargs) -> bool:
+    """Whether the call is being traced into another function (its time then
+    says nothing about either contender)."""
+    return any(isinstance(x, tf.Tensor) and tf.is_symbolic_tensor(x)
+               for x in tf.nest.flatten((args, kwargs), expand_composites=True))
+
+
 def _pair_list(pairs) -> List[Tuple[str, int, str, int]]:
     return sorted((a[0], a[1], b[0], b[1]) for a, b in pairs)
 
@@ -502,7 +534,7 @@ def optimize(fn, **options) -> OptimizedFunction:
             raise ValueError(f"optimize() option {key} applies only to fusion='explore' "
                              f"(got fusion={resolved['fusion']!r}); pass fusion='explore' "
                              f"or drop {key}")
-    for key, (lo, hi) in _EXPLORE_RANGES.items():
+    for key, (lo, hi) in {**_EXPLORE_RANGES, **_RANGES}.items():
         if not lo <= resolved[key] <= hi:
             raise ValueError(f"optimize() option {key}={resolved[key]} is out of range: "
                              f"expected {lo} to {hi}")

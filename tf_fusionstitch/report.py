@@ -51,6 +51,9 @@ class Report:
     # failed (a bug of tf_fusionstitch, never of the user's function). Empty
     # when the plan above is what runs. Such a trace also has one fallback.
     failure: str = ""
+    # optimize(fn, measured_choice=N): which of the fused and the original
+    # function this version runs, from timing both on its first calls.
+    choice: str = ""
 
     @staticmethod
     def failed(function: str, signature: str, fusion: str, reason: str,
@@ -86,6 +89,7 @@ class Report:
                  f"{self.kernels_after} (fusion={self.fusion}, "
                  f"{len(self.fused_clusters)} FusionStitch)",
                  *([f"  {self.exploration}"] if self.exploration else []),
+                 *([f"  {self.choice}"] if self.choice else []),
                  *([f"  assumes equal sizes (checked on every call; other calls run "
                     f"another version): " + ", ".join(
                         f"{a}[{i}] == {b}[{j}]" for a, i, b, j in self.assumed_equal)]

@@ -74,6 +74,7 @@ class Version:
         self.fn: Optional[Callable] = None
         self.key: Optional[FrozenSet[LeafPair]] = None   # set once registered
         self.report = None                                # its latest trace's (api.Report)
+        self.choice = None        # measured_choice.MeasuredChoice, when optimize was asked to
 
     def equal_classes(self, dims: Sequence[LeafDim]) -> List[List[LeafDim]]:
         """`dims` grouped into classes a trace may take as equal (classes of
