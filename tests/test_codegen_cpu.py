@@ -12,7 +12,7 @@ import pytest
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.kernels import build_cpu_kernel
-from tf_fusionstitch.runtime.cpu_kernel import CpuKernel, KernelShapeError, as_dtype
+from tf_fusionstitch.runtime.cpu_kernel import KernelShapeError, as_dtype
 from tf_fusionstitch.schedule import UnsupportedCluster, build_schedule
 from test_column_reductions import column_softmax
 
@@ -27,7 +27,7 @@ def run(cluster, inputs, threads=2):
     output's size, so every test covers the in-place and streamed cases."""
     kernel = build_cpu_kernel(cluster)
     types = cluster.types()
-    runner = CpuKernel(kernel.path, [as_dtype(types[o].dtype) for o in cluster.outputs])
+    runner = kernel.runner([as_dtype(types[o].dtype) for o in cluster.outputs])
     runner.set_stream_min_bytes(0)  # small outputs take the streaming path too
     return runner.run(inputs, threads=threads, forward=True), kernel
 
@@ -113,7 +113,7 @@ def test_streaming_stores_give_the_same_bits(width):
     kernel = build_cpu_kernel(c)
     assert "fs_stream_f32(" in kernel.source
     types = c.types()
-    runner = CpuKernel(kernel.path, [as_dtype(types[o].dtype) for o in c.outputs])
+    runner = kernel.runner([as_dtype(types[o].dtype) for o in c.outputs])
     inputs = [RNG.standard_normal((5, width if width == 1000 else 1), dtype=np.float32)]
     inputs += ([RNG.standard_normal(width, dtype=np.float32) for _ in range(2)]
                if width == 1000 else [RNG.standard_normal((1, width), dtype=np.float32)])
@@ -287,7 +287,7 @@ def test_work_estimate_keeps_small_kernels_on_one_thread():
         value = f"v{k}"
     c = ir.Cluster(inputs, tuple(ops), tuple(f"v{k}" for k in range(30, 40)),
                    equal_dims=(tuple((f"x{i}", 0) for i in sorted(range(10), key=str)),))
-    runner = CpuKernel(build_cpu_kernel(c).path)
+    runner = build_cpu_kernel(c).runner()
     _, _, work = runner.shape_call([(128, 36)] * 10)
     assert work[0] * work[1] < 200_000
     _, _, work = runner.shape_call([(128 * 4096, 36)] * 10)

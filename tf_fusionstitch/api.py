@@ -348,16 +348,23 @@ class OptimizedFunction:
                           "see .report()", RuntimeWarning, stacklevel=4)
         return result.graph_def, output_names, report
 
-    def _build(self, cluster):
+    def _build(self, clusters):
+        """A registered kernel, or the exception that stopped it, per cluster;
+        the missing kernels are compiled several to a compiler run."""
         from tf_fusionstitch.custom_ops import loader  # builds the op library once
-        kernel = kernels.build_cpu_kernel(cluster, timeout=self._options["compile_timeout"])
-        self._register(kernel)
-        return kernel
+        built = kernels.build_cpu_kernels(clusters, timeout=self._options["compile_timeout"])
+        for i, kernel in enumerate(built):
+            if not isinstance(kernel, Exception):
+                try:
+                    self._register(kernel)
+                except Exception as e:  # noqa: BLE001  (that cluster stays TF ops)
+                    built[i] = e
+        return built
 
     @staticmethod
     def _register(kernel):
         from tf_fusionstitch.custom_ops import loader  # builds the op library once
-        loader.register_kernel(kernel.key, kernel.path, kernel.spec)
+        loader.register_kernel(kernel.key, kernel.path, kernel.spec, kernel.symbol)
 
 
 def _input_map(concrete, n_args: int, feeds, rewritten) -> dict:

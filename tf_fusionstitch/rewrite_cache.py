@@ -127,20 +127,19 @@ def load(key: str, register: Callable[[kernels.CompiledKernel], None],
             return None
         report = Report.from_json(json.dumps(obj["report"]))
         start, compilations = time.perf_counter(), cpu_compiler.compilations
-        seen = set()
+        seen = {}
         nodes = list(graph_def.node)
         for function in graph_def.library.function:  # FusionStitch nodes in function bodies
             nodes.extend(function.node_def)
         for node in nodes:
-            if node.op != "FusionStitch":
-                continue
-            spec = node.attr["spec"].s.decode("utf-8")
-            kernel_key = node.attr["kernel_key"].s.decode("utf-8")
-            if (spec, kernel_key) in seen:
-                continue
-            seen.add((spec, kernel_key))
-            kernel = kernels.build_cpu_kernel(ir.Cluster.from_json(spec), timeout=timeout)
-            if kernel.key != kernel_key or kernel.spec != spec:
+            if node.op == "FusionStitch":
+                seen.setdefault((node.attr["spec"].s.decode("utf-8"),
+                                 node.attr["kernel_key"].s.decode("utf-8")), None)
+        wanted = list(seen)
+        built = kernels.build_cpu_kernels([ir.Cluster.from_json(spec) for spec, _ in wanted],
+                                          timeout=timeout)
+        for (spec, kernel_key), kernel in zip(wanted, built):
+            if isinstance(kernel, Exception) or kernel.key != kernel_key or kernel.spec != spec:
                 return None
             register(kernel)
         # Rewritten library functions have new names the eager runtime must know.
