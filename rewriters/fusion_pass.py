@@ -248,17 +248,20 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
     graph_def, types, _ = variable_updates.fold_variable_updates(
         graph_def, types, op_table.is_memory_intensive)
     graph_def, _ = variable_updates.forward_assigned_reads(graph_def, fetches)
-    graph_def, types = decided_shapes.fold(graph_def, types, fetches, input_equalities, context)
+    analyses = decided_shapes.Analyses(context, fetches)   # shared while the graph stays
+    graph_def, types = decided_shapes.fold(graph_def, types, fetches, input_equalities, context,
+                                           analyses)
     assumed = input_equalities.assumed if input_equalities else set()
     if slice_gradients.candidates(graph_def):
         graph_def, types, _ = slice_gradients.concat_tiled_slice_gradients(
-            graph_def, types, context.origins(GraphView(graph_def, types), fetches, assumed))
+            graph_def, types, analyses.origins(graph_def, types, assumed),
+            analyses.view(graph_def, types))
     if fusion == "xla_like":
         graph_def, types = xla_like.expand_softmax(graph_def, types)
     # What is proven of the graph's dynamic sizes: kernels learn which of
     # their inputs' extents are equal, and called functions their arguments'.
-    origins = context.origins(GraphView(graph_def, types), fetches, assumed)
-    view = GraphView(graph_def, types, dims=origins.dims)
+    origins = analyses.origins(graph_def, types, assumed)
+    view = analyses.view(graph_def, types).with_dims(origins.dims)
     call_facts = {node: {fname: call_dims.portable(args) for fname, args in by_function.items()}
                   for node, by_function in origins.call_args.items()}
     exploration = ""
