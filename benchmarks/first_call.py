@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -104,6 +105,7 @@ def child(name: str, size: str, profile: str, oplib_dir: str) -> dict:
         row[f"{label}_kernels"] = [report.kernels_before, report.kernels_after]
         row[f"{label}_cache_hit"] = bool(report.cache_hit)
         row[f"{label}_fallbacks"] = len(report.fallbacks)
+    shutil.rmtree(root, ignore_errors=True)
     return row
 
 
