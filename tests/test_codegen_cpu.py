@@ -416,3 +416,20 @@ def test_int32_mean_does_not_wrap_like_tf():
         op("m", "reduce_mean", ["x"], T("int32", (N,)), axes=[1], keep_dims=False),), ("m",))
     (m,), _ = run(c, [np.full((3, 2), 2**31 - 1, np.int32)])
     np.testing.assert_array_equal(m, np.full(3, 2**31 - 1, np.int32))
+
+
+def test_shape_functions_compile_at_o1_and_block_functions_at_the_flags_o3():
+    # Shape functions run once per call (shape_fn.SHAPE_FN_ATTRIBUTES); the
+    # block functions are what must stay fast.
+    from tf_fusionstitch.codegen import shape_fn
+    from test_packed_kernels import three_parts
+    for c in (layernorm_cluster(96), three_parts()):
+        source = build_cpu_kernel(c).source
+        definitions = [line for line in source.splitlines()
+                       if line.rstrip().endswith("{") and "(" in line and
+                       ("fs_shape" in line or "fs_run" in line) and "=" not in line]
+        shapes = [d for d in definitions if " fs_shape" in d]
+        runs = [d for d in definitions if " fs_run" in d]
+        assert shapes and runs, definitions
+        assert all(shape_fn.SHAPE_FN_ATTRIBUTES in d for d in shapes), shapes
+        assert not any("optimize" in d for d in runs), runs

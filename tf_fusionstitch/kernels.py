@@ -17,7 +17,7 @@ from tf_fusionstitch.runtime import cache, kernel_library
 
 # Bumped whenever generated code changes meaning for the same spec, so a kernel
 # key never names code from an older generator.
-GENERATOR_VERSION = "cpu-13"
+GENERATOR_VERSION = "cpu-14"
 
 
 @dataclasses.dataclass(frozen=True)
