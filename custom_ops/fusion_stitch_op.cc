@@ -1,8 +1,10 @@
 // The FusionStitch TensorFlow op: runs one generated, stitched CPU kernel.
 //
 // A FusionStitch node stands for a fused cluster of memory-intensive ops. Its
-// kernel is a shared object generated from the node's `spec` (the fusion IR as
-// JSON) and exporting the ABI in docs/KERNEL_ABI.md: fs_meta, fs_shape, fs_run.
+// kernel is generated from the node's `spec` (the fusion IR as JSON) and
+// compiled into a shared object, alone or with others (a library), exporting
+// the ABI in docs/KERNEL_ABI.md: fs_meta, fs_shape, fs_run, each suffixed
+// with the kernel's symbol in a library.
 // The graph never carries code: Python (tf_fusionstitch.optimize) validates the
 // spec, generates and compiles the kernel, and registers it in this process
 // under `kernel_key` with fs_register_kernel(). The op refuses to run when the
@@ -54,6 +56,7 @@ using CheckFn = int (*)(const int64_t* ext, void* const* in_bufs, char* err,
 struct LoadedKernel {
   std::string spec;
   std::string so_path;
+  std::string symbol;        // suffix of its ABI symbols ("" alone in so_path)
   ShapeFn shape = nullptr;
   RunFn run = nullptr;
   CheckFn check = nullptr;   // absent in most kernels
@@ -155,9 +158,15 @@ bool DecodeMeta(const int64_t* meta, LoadedKernel* k, std::string* error) {
   return true;
 }
 
-int Register(const char* key, const char* so_path, const char* spec) {
-  if (key == nullptr || so_path == nullptr || spec == nullptr) {
-    return Fail("fs_register_kernel: key, so_path and spec must not be null");
+// An ABI symbol of the kernel whose suffix is `symbol` ("" for plain names).
+std::string AbiName(const char* name, const std::string& symbol) {
+  return symbol.empty() ? std::string(name) : std::string(name) + "_" + symbol;
+}
+
+int Register(const char* key, const char* so_path, const char* spec,
+             const char* symbol) {
+  if (key == nullptr || so_path == nullptr || spec == nullptr || symbol == nullptr) {
+    return Fail("fs_register_kernel: key, so_path, spec and symbol must not be null");
   }
   std::lock_guard<std::mutex> lock(registry_mu);
   auto it = Registry().find(key);
@@ -167,7 +176,8 @@ int Register(const char* key, const char* so_path, const char* spec) {
                 "' is already registered with a different spec; keys must be "
                 "the content hash of their spec");
   }
-  // RTLD_LOCAL: kernels export the same symbol names, so keep them apart.
+  // RTLD_LOCAL: kernels compiled alone export the same symbol names, so keep
+  // them apart. A library opened again returns the handle it already has.
   void* handle = dlopen(so_path, RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* why = dlerror();
@@ -177,14 +187,20 @@ int Register(const char* key, const char* so_path, const char* spec) {
   auto kernel = std::make_shared<LoadedKernel>();
   kernel->spec = spec;
   kernel->so_path = so_path;
-  auto* meta = static_cast<const int64_t*>(dlsym(handle, "fs_meta"));
-  kernel->shape = reinterpret_cast<ShapeFn>(dlsym(handle, "fs_shape"));
-  kernel->run = reinterpret_cast<RunFn>(dlsym(handle, "fs_run"));
-  kernel->check = reinterpret_cast<CheckFn>(dlsym(handle, "fs_check_inputs"));
+  kernel->symbol = symbol;
+  const std::string& sym = kernel->symbol;
+  auto* meta =
+      static_cast<const int64_t*>(dlsym(handle, AbiName("fs_meta", sym).c_str()));
+  kernel->shape =
+      reinterpret_cast<ShapeFn>(dlsym(handle, AbiName("fs_shape", sym).c_str()));
+  kernel->run = reinterpret_cast<RunFn>(dlsym(handle, AbiName("fs_run", sym).c_str()));
+  kernel->check = reinterpret_cast<CheckFn>(
+      dlsym(handle, AbiName("fs_check_inputs", sym).c_str()));
   std::string error;
   if (meta == nullptr || kernel->shape == nullptr || kernel->run == nullptr) {
-    error = "does not export fs_meta, fs_shape and fs_run (they need "
-            "extern \"C\" and visibility(\"default\"))";
+    error = "does not export " + AbiName("fs_meta", sym) + ", " +
+            AbiName("fs_shape", sym) + " and " + AbiName("fs_run", sym) +
+            " (they need extern \"C\" and visibility(\"default\"))";
   } else {
     DecodeMeta(meta, kernel.get(), &error);
   }
@@ -394,13 +410,15 @@ REGISTER_KERNEL_BUILDER(Name("FusionStitch").Device(DEVICE_CPU), FusionStitchOp)
 // library handle as tf.load_op_library, so they share the registry above.
 extern "C" {
 
-// Registers the kernel in `so_path`, generated from `spec`, under `key`.
+// Registers the kernel in `so_path` whose ABI symbols carry the suffix
+// `symbol` ("" for plain fs_meta, ...), generated from `spec`, under `key`.
 // Returns 0, or non-zero with the reason in fs_last_error(). Registering the
 // same key with the same spec again is a no-op.
 __attribute__((visibility("default"))) int fs_register_kernel(const char* key,
                                                               const char* so_path,
-                                                              const char* spec) {
-  return tensorflow::fusion_stitch::Register(key, so_path, spec);
+                                                              const char* spec,
+                                                              const char* symbol) {
+  return tensorflow::fusion_stitch::Register(key, so_path, spec, symbol);
 }
 
 // The last fs_register_kernel error on this thread.

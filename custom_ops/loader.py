@@ -40,7 +40,7 @@ def load() -> ModuleType:
             module = tf.load_op_library(str(path))
             # Same path, so dlopen returns the handle TF already holds.
             cdll = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
-            cdll.fs_register_kernel.argtypes = [ctypes.c_char_p] * 3
+            cdll.fs_register_kernel.argtypes = [ctypes.c_char_p] * 4
             cdll.fs_register_kernel.restype = ctypes.c_int
             cdll.fs_last_error.argtypes = []
             cdll.fs_last_error.restype = ctypes.c_char_p
@@ -48,13 +48,15 @@ def load() -> ModuleType:
         return _module
 
 
-def register_kernel(key: str, so_path: str | os.PathLike, spec: str) -> None:
-    """Makes the kernel in `so_path` (generated from `spec`) runnable by
+def register_kernel(key: str, so_path: str | os.PathLike, spec: str,
+                    symbol: str = "") -> None:
+    """Makes the kernel in `so_path` (generated from `spec`; its ABI symbols
+    suffixed with `symbol` there, "" for plain names) runnable by
     FusionStitch nodes whose kernel_key is `key`. Idempotent per (key, spec)."""
     load()
     assert _cdll is not None
     rc = _cdll.fs_register_kernel(key.encode("utf-8"), os.fsencode(so_path),
-                                  spec.encode("utf-8"))
+                                  spec.encode("utf-8"), symbol.encode("ascii"))
     if rc != 0:
         # ctypes calls on this thread, and the error is thread-local in C++.
         message = (_cdll.fs_last_error() or b"unknown error").decode("utf-8", "replace")

@@ -81,32 +81,61 @@ class Context:
         return DimOrigins(view, fetches, equal_inputs, self.arg_facts, self.calls)
 
 
+class Analyses:
+    """The GraphView and DimOrigins of a graph, built once per (graph_def,
+    types) and set of input sizes taken as equal. Each walks the whole graph,
+    and the steps of `fold` (and the fusion pass after it) read the same
+    graph whenever a step decided nothing: it then returns the very objects
+    it was given. Neither is changed by its readers."""
+
+    def __init__(self, context: Context, fetches: Set[Tensor]):
+        self._context, self._fetches = context, fetches
+        self._graph = None            # (graph_def, types) the entries below are of
+        self._view: Optional[GraphView] = None
+        self._origins: Dict[frozenset, DimOrigins] = {}
+
+    def view(self, graph_def, types) -> GraphView:
+        if self._graph is None or self._graph[0] is not graph_def \
+                or self._graph[1] is not types:
+            self._graph = (graph_def, types)
+            self._view = GraphView(graph_def, types)
+            self._origins = {}
+        return self._view
+
+    def origins(self, graph_def, types, equal_inputs=frozenset()) -> DimOrigins:
+        view = self.view(graph_def, types)
+        key = frozenset(equal_inputs)
+        if key not in self._origins:
+            self._origins[key] = self._context.origins(view, self._fetches, key)
+        return self._origins[key]
+
+
 def fold(graph_def, types: Dict[Tensor, Optional[ir.TensorType]], fetches: Set[Tensor],
-         inputs: Optional[InputEqualities] = None, context: Context = Context()):
+         inputs: Optional[InputEqualities] = None, context: Context = Context(),
+         analyses: Optional[Analyses] = None):
     """(GraphDef, types) with every decision below taken that can be, also
     those `inputs` lets it take by assuming input sizes equal (the pairs it
-    relied on are then in inputs.assumed)."""
-    graph_def, types, _ = fold_shape_arithmetic(graph_def, types, fetches, context)
-    view = GraphView(graph_def, types)  # the next two read the same graph
-    equal = _assumed_equalities(graph_def, types, fetches, inputs, context, view) \
+    relied on are then in inputs.assumed). `analyses`: of `context` and
+    `fetches`, for a caller that reads the result's too."""
+    analyses = analyses or Analyses(context, fetches)
+    graph_def, types, _ = fold_shape_arithmetic(graph_def, types, fetches, analyses)
+    equal = _assumed_equalities(graph_def, types, fetches, inputs, context, analyses) \
         if inputs else set()
-    graph_def, types, _ = fold_broadcast_gradients(graph_def, types, fetches, equal, context,
-                                                   view)
-    graph_def, types, _ = fold_reshapes(graph_def, types, fetches, equal, context)
-    types, _ = static_sizes(graph_def, types, fetches, equal, context)
+    graph_def, types, _ = fold_broadcast_gradients(graph_def, types, fetches, equal, analyses)
+    graph_def, types, _ = fold_reshapes(graph_def, types, fetches, equal, analyses)
+    types, _ = static_sizes(graph_def, types, fetches, equal, analyses)
     return graph_def, types
 
 
 def static_sizes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
-                 fetches: Set[Tensor], equal_inputs: Set[InputPair] = frozenset(),
-                 context: Context = Context()):
+                 fetches: Set[Tensor], equal_inputs: Set[InputPair],
+                 analyses: Analyses):
     """(types, number of tensors refined): sizes TF's shape inference left
     unknown that dim_origins derives as static (a weight gradient's rows
     through a tensordot's reshapes: a matrix product's output size is its
     operand's). A fused kernel then gets static extents, which its shape
-    function checks on every call."""
-    view = GraphView(graph_def, types)
-    origins = context.origins(view, fetches, equal_inputs)
+    function checks on every call. Unrefined types are returned as given."""
+    origins = analyses.origins(graph_def, types, equal_inputs)
     refined = dict(types)
     count = 0
     for t, tt in types.items():
@@ -120,23 +149,23 @@ def static_sizes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
         if shape != tt.shape:
             refined[t] = ir.TensorType(tt.dtype, shape)
             count += 1
-    return refined, count
+    return (refined if count else types), count
 
 
 def _assumed_equalities(graph_def, types, fetches: Set[Tensor],
                         inputs: InputEqualities, context: Context,
-                        view: Optional[GraphView] = None) -> Set[InputPair]:
+                        analyses: Analyses) -> Set[InputPair]:
     """The input size pairs that decide a gradient Sum nothing else decides,
     where `inputs` allows every pair that Sum needs; and the allowed pairs
     of input sizes that reach a loop (or another call) together: inside,
     a loop invariant or a gradient Sum may need them equal, and nothing
-    but the caller's check can tell. `view`: one of (graph_def, types)."""
-    view = view or GraphView(graph_def, types)
+    but the caller's check can tell."""
+    view = analyses.view(graph_def, types)
     sums = [n for n in graph_def.node if (n.name, 0) not in fetches and _candidate(view, n)]
     calls = context.calls is not None and any(context.calls.handles(n) for n in graph_def.node)
     if not sums and not calls:
         return set()
-    origins = context.origins(view, fetches)
+    origins = analyses.origins(graph_def, types)
     if calls:
         reaching = sorted(_input_dims_of_calls(origins, view))
         # (one input size per class of equal ones: each pair joins two classes)
@@ -145,7 +174,7 @@ def _assumed_equalities(graph_def, types, fetches: Set[Tensor],
         allowed = {p for p in pairs if inputs.allowed(p)}
         if allowed:
             inputs.assumed |= allowed
-            origins = context.origins(view, fetches, allowed)
+            origins = analyses.origins(graph_def, types, allowed)
     for node in sums:
         this, other = _operand_shapes(view, origins, node)
         if this is None or other is None:
@@ -202,18 +231,17 @@ def _operand_shapes(view: GraphView, origins: DimOrigins, node):
 
 
 def fold_broadcast_gradients(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
-                             fetches: Set[Tensor], equal_inputs: Set[InputPair] = frozenset(),
-                             context: Context = Context(), view: Optional[GraphView] = None):
+                             fetches: Set[Tensor], equal_inputs: Set[InputPair],
+                             analyses: Analyses):
     """(GraphDef, types, number of Sums whose axes were decided), taking the
     input size pairs `equal_inputs` as equal. Fetched Sums keep TF's
-    runtime axes, whose shape the caller sees. `view`: one of (graph_def,
-    types)."""
-    view = view or GraphView(graph_def, types)
+    runtime axes, whose shape the caller sees."""
+    view = analyses.view(graph_def, types)
     sums = [n for n in graph_def.node
             if (n.name, 0) not in fetches and _candidate(view, n)]
     if not sums:
         return graph_def, types, 0
-    origins = context.origins(view, fetches, equal_inputs)
+    origins = analyses.origins(graph_def, types, equal_inputs)
     decided: Dict[str, List[int]] = {}
     for node in sums:
         this, other = _operand_shapes(view, origins, node)
@@ -245,17 +273,16 @@ def fold_broadcast_gradients(graph_def, types: Dict[Tensor, Optional[ir.TensorTy
 
 
 def fold_reshapes(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
-                  fetches: Set[Tensor], equal_inputs: Set[InputPair] = frozenset(),
-                  context: Context = Context()):
+                  fetches: Set[Tensor], equal_inputs: Set[InputPair], analyses: Analyses):
     """(GraphDef, types, number of Reshapes decided): Reshapes whose target
     shape is a computed tensor, where dim_origins proves what it is (taking
     the input size pairs `equal_inputs` as equal)."""
-    view = GraphView(graph_def, types)
+    view = analyses.view(graph_def, types)
     reshapes = [n for n in graph_def.node if n.op == "Reshape" and len(n.input) >= 2
                 and view.nodes[parse_input(n.input[1])[0]].op != "Const"]
     if not reshapes:
         return graph_def, types, 0
-    origins = context.origins(view, fetches, equal_inputs)
+    origins = analyses.origins(graph_def, types, equal_inputs)
     decided: Dict[str, Optional[List[int]]] = {}   # None: an Identity
     for node in reshapes:
         source = origins.dims(parse_input(node.input[0])[:2])
@@ -293,16 +320,16 @@ _SHAPE_ARITHMETIC = ("Prod", "Shape", "StridedSlice", "GatherV2", "Pack", "Conca
 
 
 def fold_shape_arithmetic(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
-                          fetches: Set[Tensor], context: Context = Context()):
+                          fetches: Set[Tensor], analyses: Analyses):
     """(GraphDef, types, number of nodes made constants): shape computations
     over static sizes of tensors whose other sizes are dynamic (the product
     of a dense layer's contracted sizes), which Grappler cannot fold."""
-    view = GraphView(graph_def, types)
+    view = analyses.view(graph_def, types)
     nodes = [n for n in graph_def.node if n.op in _SHAPE_ARITHMETIC
              and (n.name, 0) not in fetches and view.num_outputs[n.name] == 1]
     if not nodes:
         return graph_def, types, 0
-    origins = context.origins(view, fetches)
+    origins = analyses.origins(graph_def, types)
     constants = {}
     for node in nodes:
         t = view.type_of((node.name, 0))

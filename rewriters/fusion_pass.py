@@ -129,33 +129,54 @@ def _split_report(nodes: List[str], parts: int, reason: str) -> ClusterReport:
 
 def _build_all(build, clusters: List[ir.Cluster]) -> List[tuple]:
     """(kernel, None) or (None, the exception) per cluster. Equal clusters (the
-    layers of a deep model) are built once; the largest start first, so one
-    long compilation does not run alone at the end."""
+    layers of a deep model) are built once, all in one call of `build`, which
+    may compile several in one compiler run (kernels.build_cpu_kernels)."""
     distinct: Dict[str, ir.Cluster] = {}
     for c in clusters:
         distinct.setdefault(c.to_json(), c)
-    workers = max(1, min(len(distinct), os.cpu_count() or 1))
-    outcome: Dict[str, tuple] = {}
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        largest_first = sorted(distinct, key=lambda spec: -len(distinct[spec].ops))
-        futures = {spec: pool.submit(build, distinct[spec]) for spec in largest_first}
-        for spec, f in futures.items():
-            try:
-                outcome[spec] = (f.result(), None)
-            except Exception as e:  # any failure falls back to TF ops for that cluster
-                outcome[spec] = (None, e)
+    specs = list(distinct)
+    try:
+        results = list(build([distinct[spec] for spec in specs])) if specs else []
+        if len(results) != len(specs):
+            raise RuntimeError(f"the build gave {len(results)} results for "
+                               f"{len(specs)} clusters")
+    except Exception as e:  # noqa: BLE001  (every cluster falls back to TF ops)
+        results = [e] * len(specs)
+    outcome = {spec: (None, r) if isinstance(r, Exception) else (r, None)
+               for spec, r in zip(specs, results)}
     return [outcome[c.to_json()] for c in clusters]
 
 
+def one_at_a_time(build_one: Callable[[ir.Cluster], object]):
+    """A `build` for run_fusion_pass from a function that builds one cluster
+    (or raises): the clusters are built on a thread per CPU, the largest
+    first, so one long compilation does not run alone at the end."""
+    def build(clusters: List[ir.Cluster]) -> list:
+        workers = max(1, min(len(clusters), os.cpu_count() or 1))
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            order = sorted(range(len(clusters)), key=lambda i: -len(clusters[i].ops))
+            futures = {i: pool.submit(build_one, clusters[i]) for i in order}
+            results = []
+            for i in range(len(clusters)):
+                try:
+                    results.append(futures[i].result())
+                except Exception as e:  # noqa: BLE001  (that cluster falls back)
+                    results.append(e)
+        return results
+    return build
+
+
 def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
-                    build: Callable[[ir.Cluster], object],
+                    build: Callable[[List[ir.Cluster]], list],
                     min_cluster_ops: int = 2, fusion: str = "stitch",
                     explore_k: int = 3, explore_beam: int = 3, pack: bool = True,
                     costs: Optional[Dict] = None, costs_source: str = "builtin",
                     input_equalities: Optional[decided_shapes.InputEqualities] = None
                     ) -> PassResult:
-    """`build(cluster)` returns an object with .key/.spec/.num_loops/.buffered/.parts
-    (kernels.CompiledKernel) after making it runnable, or raises. `fusion` is
+    """`build(clusters)` returns, per cluster, an object with .key/.spec/
+    .num_loops/.buffered/.parts (kernels.CompiledKernel) made runnable, or the
+    exception that stopped that cluster (one_at_a_time makes one from a
+    function that builds a single cluster or raises). `fusion` is
     one of FUSION_STRATEGIES; explore_k and explore_beam are fusion="explore"'s
     candidate patterns per vertex and beam width, `costs` its delta
     evaluator's costs (cpu_costs.py; BUILTIN if None) and `costs_source` where
@@ -227,17 +248,20 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
     graph_def, types, _ = variable_updates.fold_variable_updates(
         graph_def, types, op_table.is_memory_intensive)
     graph_def, _ = variable_updates.forward_assigned_reads(graph_def, fetches)
-    graph_def, types = decided_shapes.fold(graph_def, types, fetches, input_equalities, context)
+    analyses = decided_shapes.Analyses(context, fetches)   # shared while the graph stays
+    graph_def, types = decided_shapes.fold(graph_def, types, fetches, input_equalities, context,
+                                           analyses)
     assumed = input_equalities.assumed if input_equalities else set()
     if slice_gradients.candidates(graph_def):
         graph_def, types, _ = slice_gradients.concat_tiled_slice_gradients(
-            graph_def, types, context.origins(GraphView(graph_def, types), fetches, assumed))
+            graph_def, types, analyses.origins(graph_def, types, assumed),
+            analyses.view(graph_def, types))
     if fusion == "xla_like":
         graph_def, types = xla_like.expand_softmax(graph_def, types)
     # What is proven of the graph's dynamic sizes: kernels learn which of
     # their inputs' extents are equal, and called functions their arguments'.
-    origins = context.origins(GraphView(graph_def, types), fetches, assumed)
-    view = GraphView(graph_def, types, dims=origins.dims)
+    origins = analyses.origins(graph_def, types, assumed)
+    view = analyses.view(graph_def, types).with_dims(origins.dims)
     call_facts = {node: {fname: call_dims.portable(args) for fname, args in by_function.items()}
                   for node, by_function in origins.call_args.items()}
     exploration = ""

@@ -7,6 +7,7 @@ shape inference, supplied by the caller as `types[(node, port)]`.
 
 from __future__ import annotations
 
+import copy
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from tf_fusionstitch import fusion_ir as ir
@@ -91,6 +92,14 @@ class GraphView:
         # Facts derived from one node and memoised by their users (a view is
         # read-only): lowering.py keeps Const values here.
         self.memo: Dict[object, object] = {}
+
+    def with_dims(self, dims: Optional[Callable[[Tensor], Optional[list]]]) -> "GraphView":
+        """This view with `dims` (see __init__) and a memo of its own (memoised
+        facts may read dims); the graph's structure is shared, not rebuilt."""
+        other = copy.copy(self)
+        other.dims = dims
+        other.memo = {}
+        return other
 
     def _topological_order(self) -> List[str]:
         indeg = {name: 0 for name in self.nodes}

@@ -40,9 +40,10 @@ def candidates(graph_def) -> bool:
 
 
 def concat_tiled_slice_gradients(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
-                                 origins: DimOrigins):
-    """(GraphDef, types, number of AddNs made ConcatV2s)."""
-    view = GraphView(graph_def, types)
+                                 origins: DimOrigins, view: Optional[GraphView] = None):
+    """(GraphDef, types, number of AddNs made ConcatV2s). `view`: of
+    (graph_def, types), where the caller has one."""
+    view = view or GraphView(graph_def, types)
     plans: Dict[str, Tuple[int, List[Tensor]]] = {}
     for node in graph_def.node:
         if node.op == "AddN":

@@ -12,7 +12,6 @@ import pytest
 from tf_fusionstitch import array_interpreter, patterns
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.kernels import build_cpu_kernel
-from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
 
 PATTERNS = patterns.standard_patterns()
 CLUSTER_FILES = sorted((pathlib.Path(__file__).parent / "gpu_clusters").glob("*.json"))
@@ -37,7 +36,7 @@ def test_bert_cluster_matches_the_cpu_kernel(path):
     cluster = ir.Cluster.from_json(path.read_text())
     inputs = patterns.random_inputs(cluster, 13, np.random.default_rng(3))
     got = array_interpreter.interpret(cluster, np)(*inputs)
-    want = CpuKernel(build_cpu_kernel(cluster).path).run(inputs)
+    want = build_cpu_kernel(cluster).runner().run(inputs)
     for g, w in zip(got, want):
         err, ok = patterns.max_error(g, w, 1e-4, 1e-5)
         assert ok, (path.stem, err)

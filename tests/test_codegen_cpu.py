@@ -12,7 +12,7 @@ import pytest
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.kernels import build_cpu_kernel
-from tf_fusionstitch.runtime.cpu_kernel import CpuKernel, KernelShapeError, as_dtype
+from tf_fusionstitch.runtime.cpu_kernel import KernelShapeError, as_dtype
 from tf_fusionstitch.schedule import UnsupportedCluster, build_schedule
 from test_column_reductions import column_softmax
 
@@ -27,7 +27,7 @@ def run(cluster, inputs, threads=2):
     output's size, so every test covers the in-place and streamed cases."""
     kernel = build_cpu_kernel(cluster)
     types = cluster.types()
-    runner = CpuKernel(kernel.path, [as_dtype(types[o].dtype) for o in cluster.outputs])
+    runner = kernel.runner([as_dtype(types[o].dtype) for o in cluster.outputs])
     runner.set_stream_min_bytes(0)  # small outputs take the streaming path too
     return runner.run(inputs, threads=threads, forward=True), kernel
 
@@ -113,7 +113,7 @@ def test_streaming_stores_give_the_same_bits(width):
     kernel = build_cpu_kernel(c)
     assert "fs_stream_f32(" in kernel.source
     types = c.types()
-    runner = CpuKernel(kernel.path, [as_dtype(types[o].dtype) for o in c.outputs])
+    runner = kernel.runner([as_dtype(types[o].dtype) for o in c.outputs])
     inputs = [RNG.standard_normal((5, width if width == 1000 else 1), dtype=np.float32)]
     inputs += ([RNG.standard_normal(width, dtype=np.float32) for _ in range(2)]
                if width == 1000 else [RNG.standard_normal((1, width), dtype=np.float32)])
@@ -287,7 +287,7 @@ def test_work_estimate_keeps_small_kernels_on_one_thread():
         value = f"v{k}"
     c = ir.Cluster(inputs, tuple(ops), tuple(f"v{k}" for k in range(30, 40)),
                    equal_dims=(tuple((f"x{i}", 0) for i in sorted(range(10), key=str)),))
-    runner = CpuKernel(build_cpu_kernel(c).path)
+    runner = build_cpu_kernel(c).runner()
     _, _, work = runner.shape_call([(128, 36)] * 10)
     assert work[0] * work[1] < 200_000
     _, _, work = runner.shape_call([(128 * 4096, 36)] * 10)
@@ -416,3 +416,20 @@ def test_int32_mean_does_not_wrap_like_tf():
         op("m", "reduce_mean", ["x"], T("int32", (N,)), axes=[1], keep_dims=False),), ("m",))
     (m,), _ = run(c, [np.full((3, 2), 2**31 - 1, np.int32)])
     np.testing.assert_array_equal(m, np.full(3, 2**31 - 1, np.int32))
+
+
+def test_shape_functions_compile_at_o1_and_block_functions_at_the_flags_o3():
+    # Shape functions run once per call (shape_fn.SHAPE_FN_ATTRIBUTES); the
+    # block functions are what must stay fast.
+    from tf_fusionstitch.codegen import shape_fn
+    from test_packed_kernels import three_parts
+    for c in (layernorm_cluster(96), three_parts()):
+        source = build_cpu_kernel(c).source
+        definitions = [line for line in source.splitlines()
+                       if line.rstrip().endswith("{") and "(" in line and
+                       ("fs_shape" in line or "fs_run" in line) and "=" not in line]
+        shapes = [d for d in definitions if " fs_shape" in d]
+        runs = [d for d in definitions if " fs_run" in d]
+        assert shapes and runs, definitions
+        assert all(shape_fn.SHAPE_FN_ATTRIBUTES in d for d in shapes), shapes
+        assert not any("optimize" in d for d in runs), runs

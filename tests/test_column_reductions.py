@@ -10,7 +10,7 @@ import pytest
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.codegen import kernel_ir
 from tf_fusionstitch.kernels import build_cpu_kernel
-from tf_fusionstitch.runtime.cpu_kernel import CpuKernel, as_dtype
+from tf_fusionstitch.runtime.cpu_kernel import as_dtype
 from tf_fusionstitch.schedule import build_schedule
 
 T, op = ir.TensorType, ir.make_op
@@ -22,7 +22,7 @@ LANES = kernel_ir.CPU_LANES
 def run(cluster, inputs, threads=2):
     kernel = build_cpu_kernel(cluster)
     types = cluster.types()
-    runner = CpuKernel(kernel.path, [as_dtype(types[o].dtype) for o in cluster.outputs])
+    runner = kernel.runner([as_dtype(types[o].dtype) for o in cluster.outputs])
     runner.set_stream_min_bytes(0)
     return runner.run(inputs, threads=threads, forward=True), kernel
 

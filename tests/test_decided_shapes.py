@@ -323,3 +323,43 @@ class GradientTest(tf.test.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+class AnalysesTest(tf.test.TestCase):
+    """decided_shapes.Analyses: one view and one DimOrigins per graph and set
+    of equal inputs, while fold's steps change nothing."""
+
+    def test_an_unchanged_graph_is_walked_once_and_a_changed_one_again(self):
+        @tf.function(input_signature=[tf.TensorSpec([None, 4])])
+        def plain(x):
+            return tf.tanh(x) * 2.0
+
+        graph_def, types, fetches = _prepared(plain.get_concrete_function())
+        built = {"views": 0, "origins": 0}
+        real_view, real_origins = GraphView.__init__, DimOrigins.__init__
+
+        def count(kind, real):
+            def init(self, *args, **kwargs):
+                built[kind] += 1
+                real(self, *args, **kwargs)
+            return init
+
+        GraphView.__init__ = count("views", real_view)
+        DimOrigins.__init__ = count("origins", real_origins)
+        try:
+            analyses = decided_shapes.Analyses(decided_shapes.Context(), fetches)
+            gd, folded = decided_shapes.fold(graph_def, types, fetches, analyses=analyses)
+            self.assertIs(gd, graph_def)     # nothing to decide: the very objects
+            self.assertIs(folded, types)
+            first = analyses.origins(gd, folded)
+            self.assertIs(analyses.origins(gd, folded), first)
+            self.assertIs(analyses.view(gd, folded), analyses.view(graph_def, types))
+            self.assertEqual(built["views"], 1, built)
+            self.assertLessEqual(built["origins"], 1, built)
+            other = tf.compat.v1.GraphDef()
+            other.CopyFrom(graph_def)
+            analyses.view(other, types)      # another graph: a view of its own
+            self.assertEqual(built["views"], 2, built)
+            self.assertIsNot(analyses.origins(other, types), first)
+        finally:
+            GraphView.__init__, DimOrigins.__init__ = real_view, real_origins

@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_fusionstitch.custom_ops import loader
-from tf_fusionstitch.runtime import cache, cpu_compiler, cpu_kernel
+from tf_fusionstitch.runtime import cache, cpu_compiler, cpu_kernel, kernel_library
 
 COLS = 8
 
@@ -206,6 +206,26 @@ class FusionStitchOpTest(tf.test.TestCase):
         with self.assertRaisesRegex(RuntimeError, "unsupported dtype code 7 for input 1"):
             loader.register_kernel("bad-dtype", bad_dtype, SPEC)
         loader.register_kernel(KEY, self.so_path, SPEC)  # idempotent
+
+    def test_kernels_of_one_library_run_under_their_own_symbols(self):
+        # Two kernels in one shared object (runtime/kernel_library.py): the
+        # second scales by 3, so each node must reach its own fs_run.
+        prelude = SCALE_ADD_KERNEL[:SCALE_ADD_KERNEL.index("FS_EXPORT const int64_t fs_meta")]
+        triple = SCALE_ADD_KERNEL.replace("* 2.0f + y[c]", "* 3.0f + y[c]")
+        library = cpu_compiler.compile_shared_object(kernel_library.library_source(
+            prelude, [("ktwo", SCALE_ADD_KERNEL), ("kthree", triple)]))
+        spec3 = SPEC.replace("scale_add", "scale_add_3")
+        loader.register_kernel("lib-two", library, SPEC, "ktwo")
+        loader.register_kernel("lib-three", library, spec3, "kthree")
+        x, y = self._inputs(5)
+        (two,) = self._op(x, y, key="lib-two")
+        (three,) = self._op(x, y, key="lib-three", spec=spec3)
+        self.assertAllEqual(two, _reference(x, y))
+        self.assertAllEqual(three, x * np.float32(3) + y)
+        with self.assertRaisesRegex(RuntimeError, "does not export fs_meta_kfour"):
+            loader.register_kernel("lib-four", library, SPEC, "kfour")
+        with self.assertRaisesRegex(RuntimeError, "does not export fs_meta,"):
+            loader.register_kernel("lib-plain", library, SPEC)
 
     def test_cpu_kernel_gives_the_same_result(self):
         kernel = cpu_kernel.CpuKernel(self.so_path)  # dtypes from fs_meta

@@ -36,7 +36,7 @@ def test_the_fixtures_are_there():
 def test_emulated_cuda_schedule_agrees_with_the_cpu_kernel(path):
     cluster = load(path)
     reduces = bool(build_schedule(cluster).reductions)
-    cpu = CpuKernel(build_cpu_kernel(cluster).path)
+    cpu = build_cpu_kernel(cluster).runner()
     gpu = CpuKernel(gpu_kernels.build_emulation(cluster))
     rng = np.random.default_rng(len(path.stem))
     for rows in (0, 1, 5):

@@ -108,7 +108,7 @@ def inputs_for(cluster, rows, width, rng):
 @pytest.mark.parametrize("seed", range(40))
 def test_emulated_cuda_schedule_agrees_with_the_cpu_kernel(seed):
     cluster, width, has_reduce = random_cluster(seed)
-    cpu = CpuKernel(build_cpu_kernel(cluster).path)
+    cpu = build_cpu_kernel(cluster).runner()
     gpu = CpuKernel(gpu_kernels.build_emulation(cluster, reverse_threads=bool(seed % 2)))
     rng = np.random.default_rng(1000 + seed)
     tol = 1e-5 if cluster.inputs[0][1].dtype == "float32" else 1e-12

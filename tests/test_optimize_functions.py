@@ -6,6 +6,7 @@ Results are compared with the original tf.function under DESIGN.md's
 tolerances (see optimize_testlib.py) on fresh seeded random inputs.
 """
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -20,6 +21,7 @@ import tensorflow as tf
 import tf_fusionstitch as fs
 from optimize_testlib import (EPS, assert_reduction_close, assert_same, fused_clusters_with,
                               fused_op_types, fusion_stitch_nodes, random, rng, to_numpy)
+from tf_fusionstitch import kernels
 from tf_fusionstitch.rewriters import op_table
 from tf_fusionstitch.runtime import cpu_compiler
 
@@ -710,6 +712,40 @@ class FallbackTest(tf.test.TestCase):
             self._run_falling_back({"CXX": slow}, "timed out", compile_timeout=0.5)
         finally:
             shutil.rmtree(os.path.dirname(slow), ignore_errors=True)
+
+    def test_a_kernel_that_does_not_compile_falls_back_alone(self):
+        # The three kernels are compiled in one library (kernel_library.py);
+        # the one whose source is broken stays TF ops, the others fuse.
+        def three(x, y, z):
+            return tf.tanh(x * 3.0) - 1.0, tf.exp(y) * y - 2.0, tf.sigmoid(z * 0.5) + 4.0
+
+        real = kernels.generate_cpp
+
+        def break_exp(cluster):
+            generated = real(cluster)
+            if any(o.prim == "exp" for o in cluster.ops):
+                return dataclasses.replace(generated, source=generated.source + "broken(;\n")
+            return generated
+
+        cache = tempfile.mkdtemp(prefix="fs-one-broken-")
+        self.addCleanup(shutil.rmtree, cache, ignore_errors=True)
+        f = tf.function(three)
+        opt = fs.optimize(f, pack=False)
+        gen = rng(9050)
+        args = [random(gen, (3, 11), "float32") for _ in range(3)]
+        with mock.patch.dict(os.environ, {"TF_FUSIONSTITCH_CACHE_DIR": cache}), \
+                mock.patch.object(kernels, "generate_cpp", break_exp), \
+                mock.patch.object(os, "cpu_count", lambda: 1), \
+                warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            results = opt(*args)
+        for actual, expected, kind in zip(results, f(*args), ("tanh", "exp", "sigmoid")):
+            assert_same(self, actual, expected, kind)
+        report = opt.report()
+        self.assertLen(report.fused_clusters, 2, str(report))
+        (failed,) = report.fallbacks
+        self.assertIn("Exp", {t for _, t in failed.tf_ops})
+        self.assertIn("broken", failed.reason)
 
     def test_cache_directory_open_to_others_is_refused(self):
         # Anyone who can write the cache could plant a shared object that we

@@ -196,18 +196,18 @@ class SplitPackTest(tf.test.TestCase):
     def test_a_pack_the_generator_refuses(self):
         # (A compiler that fails fails the parts too: such a pack falls back
         # whole, test_optimize_functions.FallbackTest.)
-        real = kernels.build_cpu_kernel
+        real = kernels.build_cpu_kernels
 
-        def refuse_packs(cluster, **kwargs):
-            if _packed(cluster):
-                raise UnsupportedCluster("packs refused by the test's generator")
-            return real(cluster, **kwargs)
+        def refuse_packs(clusters, **kwargs):
+            built = real([c for c in clusters if not _packed(c)], **kwargs)[::-1]
+            return [UnsupportedCluster("packs refused by the test's generator")
+                    if _packed(c) else built.pop() for c in clusters]
 
-        kernels.build_cpu_kernel = refuse_packs
+        kernels.build_cpu_kernels = refuse_packs
         try:
             self._check_split("UnsupportedCluster: packs refused by the test's generator")
         finally:
-            kernels.build_cpu_kernel = real
+            kernels.build_cpu_kernels = real
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ from optimize_testlib import fused_op_types, fusion_stitch_nodes
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.codegen import kernel_ir
 from tf_fusionstitch.kernels import build_cpu_kernel
-from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
 from tf_fusionstitch.schedule import build_schedule
 
 SLACK_ULPS = 2
@@ -144,7 +143,7 @@ class ReductionAccuracyTest(tf.test.TestCase):
 
 def _run(cluster, x):
     kernel = build_cpu_kernel(cluster)
-    return CpuKernel(kernel.path, [np.float32]).run([x], threads=2)[0]
+    return kernel.runner([np.float32]).run([x], threads=2)[0]
 
 
 def _assert_within_one_ulp(got, want):

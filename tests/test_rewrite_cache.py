@@ -153,6 +153,39 @@ class RewriteCacheTest(tf.test.TestCase):
         self.assertGreater(bodies0, 0)
         self.assertEqual(bodies0, bodies1)
 
+    def test_a_new_tf_function_of_the_same_step_hits(self):
+        # tf.custom_gradient and tf.cond / while_loop functions get names
+        # numbered process-wide, different in each trace (trace_names.py).
+        @tf.custom_gradient
+        def clipped(a):
+            return tf.tanh(a) * 2.0, lambda dy: tf.clip_by_value(dy, -1.0, 1.0)
+
+        def step(x, g):
+            y = tf.cond(tf.reduce_sum(x) > 0.0, lambda: tf.exp(x) * g + 1.0,
+                        lambda: tf.sigmoid(x * g) - 1.0)
+            _, z = tf.while_loop(lambda i, a: i < 2,
+                                 lambda i, a: (i + 1, tf.tanh(a * 1.1) + 0.1), [0, y])
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                w = tf.reduce_sum(clipped(x * g) * z)
+            return tf.nn.softmax(z * 3.0, axis=-1) + 0.5, tape.gradient(w, x)
+
+        cold, cold_out = self._run(step)
+        self.assertFalse(cold.report().cache_hit)
+        warm, warm_out = self._run(step)
+        self.assertTrue(warm.report().cache_hit, str(warm.report()))
+        self.assertEqual(warm.report().compilations, 0)
+        for a, b in zip(warm_out, cold_out):
+            self.assertAllEqual(a, b)
+        names = [{f.signature.name for f in opt.graph_def.library.function}
+                 for opt in (cold, warm)]
+        self.assertNotEmpty(names[0])
+        # Each graph calls its own trace's functions, the rewritten body too.
+        self.assertFalse(names[0] & names[1], names)
+        self.assertTrue(any("_fs" in n for n in names[1]), names[1])
+        self.assertEqual(len(fusion_stitch_nodes(warm.graph_def)),
+                         len(fusion_stitch_nodes(cold.graph_def)))
+
     def _damage_and_rerun(self, damage):
         cold, cold_out = self._run()
         (entry,) = _entries(self.cache)
@@ -339,3 +372,54 @@ def test_read_and_write_verified(tmp_path, monkeypatch):
         cache.read_verified("../k", ".bin")
     with pytest.raises(ValueError):
         cache.write_verified("k", "/x", b"")
+
+
+def _traced_with_made_up_names():
+    @tf.custom_gradient
+    def doubled(a):
+        return a * 2.0, lambda dy: dy * 2.0
+
+    def fn(x):
+        y = tf.cond(x[0] > 0.0, lambda: x + 1.0, lambda: x - 1.0)
+        with tf.GradientTape() as tape:
+            tape.watch(y)
+            z = tf.reduce_sum(doubled(y))
+        return tape.gradient(z, y)
+    return tf.function(fn).get_concrete_function(tf.TensorSpec([3])).graph.as_graph_def()
+
+
+def _library_names(graph_def):
+    return sorted(f.signature.name for f in graph_def.library.function)
+
+
+def test_trace_names_canonical_form_is_the_same_for_two_traces():
+    from tf_fusionstitch.trace_names import TraceNames
+    a, b = _traced_with_made_up_names(), _traced_with_made_up_names()
+    assert _library_names(a) != _library_names(b)
+    names_a, names_b = TraceNames(a), TraceNames(b)
+    canonical = names_a.canonical(a)
+    assert canonical.SerializeToString(deterministic=True) == \
+        names_b.canonical(b).SerializeToString(deterministic=True)
+    assert "CustomGradient" not in str(canonical)
+    # and back: each trace's own names, its library in name order
+    restored = names_b.specific(canonical)
+    assert _library_names(restored) == _library_names(b)
+    b_sorted = names_b.specific(names_b.canonical(b))
+    assert restored.SerializeToString(deterministic=True) == \
+        b_sorted.SerializeToString(deterministic=True)
+    assert "CustomGradient" in str(restored)
+
+
+def test_trace_names_portable_only_when_every_function_derives_from_a_traced_one():
+    from tf_fusionstitch.trace_names import TraceNames
+    traced = _traced_with_made_up_names()
+    names = TraceNames(traced)
+    assert names.portable(traced)
+    derived = type(traced)()
+    derived.CopyFrom(traced)
+    derived.library.function[0].signature.name += "_tfg_region_specialized_0"
+    assert names.portable(derived)
+    foreign = type(traced)()
+    foreign.CopyFrom(traced)
+    foreign.library.function[0].signature.name = "some_other_function_12"
+    assert not names.portable(foreign)

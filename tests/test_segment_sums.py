@@ -13,7 +13,7 @@ from optimize_testlib import quiet_call, random, rng
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.array_interpreter import interpret
 from tf_fusionstitch.kernels import build_cpu_kernel
-from tf_fusionstitch.runtime.cpu_kernel import CpuKernel, KernelInputError
+from tf_fusionstitch.runtime.cpu_kernel import KernelInputError
 from tf_fusionstitch.schedule import UnsupportedCluster
 from tf_fusionstitch.codegen import scatter
 
@@ -35,7 +35,7 @@ class ScatterKernelTest(tf.test.TestCase):
     def test_sums_match_numpy_bit_for_bit_on_any_split(self):
         for dtype, ids_dtype in (("float32", "int32"), ("float64", "int64"), ("int32", "int64")):
             c = _moments(dtype, ids_dtype)
-            kernel = CpuKernel(build_cpu_kernel(c).path)
+            kernel = build_cpu_kernel(c).runner()
             gen = rng(1)
             x = np.asarray(random(gen, (5000, 18), dtype))
             ids = gen.integers(-3, 1000, 5000).astype(ids_dtype)   # a few dropped rows
@@ -52,7 +52,7 @@ class ScatterKernelTest(tf.test.TestCase):
             op("scaled", "mul", ["x", "lr"], rows),
             op("g", "segment_sum", ["scaled", "ids"], T("float32", (64, 16)), num_segments=64)),
             ("g",), equal_dims=((("ids", 0), ("x", 0)),))
-        kernel = CpuKernel(build_cpu_kernel(c).path)
+        kernel = build_cpu_kernel(c).runner()
         gen = rng(4)
         x = np.asarray(random(gen, (300, 16), "float32"))
         lr = np.float32(0.01)
@@ -61,7 +61,7 @@ class ScatterKernelTest(tf.test.TestCase):
             np.testing.assert_array_equal(got, want)
 
     def test_ids_past_the_last_segment_are_refused_before_anything_runs(self):
-        kernel = CpuKernel(build_cpu_kernel(_moments()).path)
+        kernel = build_cpu_kernel(_moments()).runner()
         ids = np.zeros(40, np.int32)
         ids[7] = 1000
         with pytest.raises(KernelInputError, match=r"segment_ids\[7\] = 1000 is out of range"):

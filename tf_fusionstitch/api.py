@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from tf_fusionstitch import graph_check, kernels, measured_choice, rewrite_cache
+from tf_fusionstitch import graph_check, kernels, measured_choice, rewrite_cache, trace_names
 from tf_fusionstitch.report import Report
 from tf_fusionstitch.rewriters import (cpu_costs, decided_shapes, function_bodies, grappler,
                                        shapes)
@@ -312,19 +312,22 @@ class OptimizedFunction:
         if self._options["fusion"] == "explore":
             costs, costs_source = (cpu_costs.for_this_machine() if costs_source == "calibrated"
                                    else (dict(cpu_costs.BUILTIN), costs_source))
-        key = None
+        key, names = None, None
         if self._options["rewrite_cache"]:
+            names = trace_names.TraceNames(graph_def)
             options = {k: v for k, v in self._options.items() if k not in _NOT_IN_CACHE_KEY}
             if costs is not None:  # the plan depends on the values, not the option's name
                 options["costs"] = json.dumps(costs, sort_keys=True)
             options["equal_sizes"] = inputs.classes
             key = rewrite_cache.make_key(
-                graph_def.SerializeToString(deterministic=True), outputs, control,
+                names.canonical(graph_def).SerializeToString(deterministic=True), outputs,
+                control,
                 "\n".join(f"{name} {spec.dtype.name} {spec.shape}"
                           for name, spec in sorted(hints.items())),
                 options, f"{tf.__version__} {tf.version.GIT_VERSION}")
             entry = rewrite_cache.load(key, self._register,
-                                       timeout=self._options["compile_timeout"])
+                                       timeout=self._options["compile_timeout"],
+                                       restore=names.specific)
             if entry is not None:
                 report = entry.report
                 report.function, report.signature = self._name, _signature_text(concrete)
@@ -360,9 +363,11 @@ class OptimizedFunction:
             equal_sizes_wanted=_pair_list(equalities.wanted))
         # A plan with a fallback or a split pack may owe it to a passing
         # failure (a compiler's timeout): it is not cached.
-        if key is not None and not report.fallbacks and not report.split_packs:
+        if key is not None and not report.fallbacks and not report.split_packs \
+                and names.portable(result.graph_def):
             try:
-                rewrite_cache.store(key, result.graph_def, output_names, report)
+                rewrite_cache.store(key, names.canonical(result.graph_def), output_names,
+                                    report)
             except (cache.CacheError, OSError):
                 pass  # a plan not cached is only a slower next trace
             report.rewrite_seconds = time.perf_counter() - start
@@ -373,16 +378,23 @@ class OptimizedFunction:
                           "see .report()", RuntimeWarning, stacklevel=4)
         return result.graph_def, output_names, report
 
-    def _build(self, cluster):
+    def _build(self, clusters):
+        """A registered kernel, or the exception that stopped it, per cluster;
+        the missing kernels are compiled several to a compiler run."""
         from tf_fusionstitch.custom_ops import loader  # builds the op library once
-        kernel = kernels.build_cpu_kernel(cluster, timeout=self._options["compile_timeout"])
-        self._register(kernel)
-        return kernel
+        built = kernels.build_cpu_kernels(clusters, timeout=self._options["compile_timeout"])
+        for i, kernel in enumerate(built):
+            if not isinstance(kernel, Exception):
+                try:
+                    self._register(kernel)
+                except Exception as e:  # noqa: BLE001  (that cluster stays TF ops)
+                    built[i] = e
+        return built
 
     @staticmethod
     def _register(kernel):
         from tf_fusionstitch.custom_ops import loader  # builds the op library once
-        loader.register_kernel(kernel.key, kernel.path, kernel.spec)
+        loader.register_kernel(kernel.key, kernel.path, kernel.spec, kernel.symbol)
 
 
 def _input_map(concrete, n_args: int, feeds, rewritten) -> dict:

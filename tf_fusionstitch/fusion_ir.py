@@ -246,12 +246,18 @@ class Cluster:
             for i in op.inputs:
                 _expect(isinstance(i, str) and i in known,
                         f"op {op.name}: input {i!r:.40} is not defined before it")
-            op.type.validate(f"op {op.name}")
-            expected = infer_type(op, [known[i] for i in op.inputs])
-            _expect(_shape_compatible(expected.shape, op.type.shape)
-                    and expected.dtype == op.type.dtype,
-                    f"op {op.name} ({op.prim}): declared {op.type.dtype}{list(op.type.shape)} "
-                    f"but inputs give {expected.dtype}{list(expected.shape)}")
+            ins = tuple(known[i] for i in op.inputs)
+            checked = (op.prim, op.attrs, op.type, ins)   # all a check reads but the name
+            if checked not in _CHECKED_OPS:
+                op.type.validate(f"op {op.name}")
+                expected = infer_type(op, ins)
+                _expect(_shape_compatible(expected.shape, op.type.shape)
+                        and expected.dtype == op.type.dtype,
+                        f"op {op.name} ({op.prim}): declared "
+                        f"{op.type.dtype}{list(op.type.shape)} "
+                        f"but inputs give {expected.dtype}{list(expected.shape)}")
+                if len(_CHECKED_OPS) < _MAX_CHECKED_OPS:
+                    _CHECKED_OPS.add(checked)
             known[op.name] = op.type
         for o in self.outputs:
             _expect(isinstance(o, str) and o in known and o not in dict(self.inputs),
@@ -270,6 +276,13 @@ class Cluster:
                 _expect((name, d) not in seen, f"equal_dims names ({name}, {d}) twice")
                 seen.add((name, d))
         _expect(list(self.equal_dims) == sorted(self.equal_dims), "equal_dims must be sorted")
+
+
+# Ops (but for their names) that passed validate's checks: the clustering
+# validates every candidate merge, mostly ops it has seen before. Bounded, as
+# a long-lived process may see many.
+_CHECKED_OPS: set = set()
+_MAX_CHECKED_OPS = 1 << 18
 
 
 def _expect(cond: bool, message: str) -> None:

@@ -4,8 +4,10 @@
 lowering and code generation even when every kernel is already compiled. This
 cache keeps the outcome of all that, keyed by everything that decides it:
 
-  - the traced GraphDef as TensorFlow gave it (serialized deterministically),
-    its fetch and control-output names, and the static shape TF knew for each
+  - the traced GraphDef as TensorFlow gave it but for the names a trace makes
+    up (trace_names.py: library functions and custom gradients, numbered by
+    first use; serialized deterministically), so a new tf.function of the same
+    step hits; its fetch and control-output names, and the static shape TF knew for each
     tensor (variable shapes are not in the GraphDef; they reach the rewrite as
     shape hints);
   - the resolved `optimize` options;
@@ -29,7 +31,8 @@ runtime (function_bodies.register_functions). Anything wrong with an entry (abse
 altered, unparsable, a kernel that fails) makes `load` return None and the
 caller rewrites from scratch. Only plans whose clusters all fused, with no
 pack split into its parts, are stored: a fallback may be passing (a missing
-compiler, a timeout).
+compiler, a timeout). The stored graph is in canonical names and gets the
+loading trace's back.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from tf_fusionstitch.report import Report
 from tf_fusionstitch.runtime import cache
 
 # Bump when the meaning of a cached entry changes (its format, or what the key covers).
-REWRITE_VERSION = "rewrite-1"
+REWRITE_VERSION = "rewrite-2"   # 2: traces keyed and stored in canonical names
 SUFFIX = ".rewrite.json"
 
 # The packages whose code decides the rewritten graph (planner and tools do not).
@@ -100,9 +103,12 @@ def store(key: str, graph_def, output_names: Sequence[str], report: Report) -> N
 
 
 def load(key: str, register: Callable[[kernels.CompiledKernel], None],
-         timeout: float = 120) -> Optional[Entry]:
+         timeout: float = 120, restore: Callable[[Any], Any] = lambda graph_def: graph_def
+         ) -> Optional[Entry]:
     """The entry under `key` with every kernel it names rebuilt (from the
     kernel cache) and passed to `register`, or None on a miss or any fault.
+    `restore` gives the stored graph this trace's names back
+    (trace_names.TraceNames.specific) before its functions are registered.
     Sets report.compile_seconds and .compilations to what this reload took."""
     try:
         data = cache.read_verified(key, SUFFIX)
@@ -119,28 +125,27 @@ def load(key: str, register: Callable[[kernels.CompiledKernel], None],
         if not isinstance(obj, dict) or obj.get("version") != REWRITE_VERSION \
                 or obj.get("key") != key:
             return None
-        graph_def = tf.compat.v1.GraphDef.FromString(base64.b64decode(obj["graph_def"],
-                                                                      validate=True))
+        graph_def = restore(tf.compat.v1.GraphDef.FromString(
+            base64.b64decode(obj["graph_def"], validate=True)))
         output_names = obj["output_names"]
         if not isinstance(output_names, list) or \
                 not all(isinstance(n, str) for n in output_names):
             return None
         report = Report.from_json(json.dumps(obj["report"]))
         start, compilations = time.perf_counter(), cpu_compiler.compilations
-        seen = set()
+        seen = {}
         nodes = list(graph_def.node)
         for function in graph_def.library.function:  # FusionStitch nodes in function bodies
             nodes.extend(function.node_def)
         for node in nodes:
-            if node.op != "FusionStitch":
-                continue
-            spec = node.attr["spec"].s.decode("utf-8")
-            kernel_key = node.attr["kernel_key"].s.decode("utf-8")
-            if (spec, kernel_key) in seen:
-                continue
-            seen.add((spec, kernel_key))
-            kernel = kernels.build_cpu_kernel(ir.Cluster.from_json(spec), timeout=timeout)
-            if kernel.key != kernel_key or kernel.spec != spec:
+            if node.op == "FusionStitch":
+                seen.setdefault((node.attr["spec"].s.decode("utf-8"),
+                                 node.attr["kernel_key"].s.decode("utf-8")), None)
+        wanted = list(seen)
+        built = kernels.build_cpu_kernels([ir.Cluster.from_json(spec) for spec, _ in wanted],
+                                          timeout=timeout)
+        for (spec, kernel_key), kernel in zip(wanted, built):
+            if isinstance(kernel, Exception) or kernel.key != kernel_key or kernel.spec != spec:
                 return None
             register(kernel)
         # Rewritten library functions have new names the eager runtime must know.

@@ -215,7 +215,8 @@ def _shape_fn(cluster, parts, body, ext_at, items_at, chunks_at, export) -> str:
     for o in cluster.outputs:
         out_offset.append(off)
         off += types[o].rank
-    lines = [f"{export} int fs_shape(const int64_t* in_dims, int64_t* out_dims, int64_t* ext, "
+    lines = [f"{export} {shape_fn.SHAPE_FN_ATTRIBUTES} int fs_shape(const int64_t* in_dims, "
+             "int64_t* out_dims, int64_t* ext, "
              "int64_t* work, char* err, int64_t errlen) {",
              f"  int64_t cost[{len(parts)}], total = 0;"]
     for p, part in enumerate(parts):

@@ -165,7 +165,8 @@ def _shape_fn(form: ScatterForm, export: str) -> str:
     c = form.cluster
     out_dtype = [c.types()[o].dtype for o in c.outputs]
     cols = form.rows.types()[form.summed[0]].shape[1]
-    lines = [f"{export} int fs_shape(const int64_t* in_dims, int64_t* out_dims, int64_t* ext, "
+    lines = [f"{export} {shape_fn.SHAPE_FN_ATTRIBUTES} int fs_shape(const int64_t* in_dims, "
+             "int64_t* out_dims, int64_t* ext, "
              "int64_t* work, char* err, int64_t errlen) {", "  char msg[512];"]
     offsets, off = {}, 0
     for name, t in c.inputs:

@@ -90,6 +90,13 @@ def get_or_build(key: str, suffix: str,
     return artifact
 
 
+def find_verified(key: str, suffix: str) -> pathlib.Path | None:
+    """The path of <cache_dir>/<key><suffix> if present and matching its
+    sidecar hash, else None; builds nothing."""
+    _, artifact, sidecar = _entry(key, suffix)
+    return artifact if _verified(artifact, sidecar) else None
+
+
 def read_verified(key: str, suffix: str) -> bytes | None:
     """The bytes of <cache_dir>/<key><suffix> if present and matching its
     sidecar hash, else None (missing, torn or altered entries read as absent).

@@ -33,8 +33,8 @@ DEFAULT_FLAGS = (
 
 _STDERR_LINES = 30
 
-# Real compiler invocations made by compile_shared_object in this process
-# (cache hits do not count). Read by the optimize() report.
+# Kernels compiled by compile_shared_object in this process, alone or several
+# in one library (cache hits do not count). Read by the optimize() report.
 compilations = 0
 _count_lock = threading.Lock()
 
@@ -55,23 +55,18 @@ class CompileTimeout(CompileError):
 _PROBE_TIMEOUT_S = 30
 
 def compile_shared_object(source: str, *, extra_flags: Sequence[str] = (),
-                          timeout: float = 120) -> pathlib.Path:
+                          timeout: float = 120, kernels: int = 1) -> pathlib.Path:
     """Path of a cached shared object built from C++ `source`.
 
     Built at most once per (source, flags, compiler, CPU), across processes.
+    `kernels`: how many kernels the source holds (what `compilations` counts).
     Raises CompilerNotFound, CompileTimeout or CompileError.
     """
     if isinstance(extra_flags, str):
         raise TypeError(f"extra_flags must be a sequence of flags, not the string "
                         f"{extra_flags!r}; write extra_flags=[{extra_flags!r}]")
     command = compiler_command()
-    # The probes share the caller's time limit: a hung compiler must not stall
-    # optimize() for minutes before the fallback.
-    flags = [*DEFAULT_FLAGS, *host_arch_flags(timeout=min(timeout, _PROBE_TIMEOUT_S))]
-    extra = [str(flag) for flag in extra_flags]
-    key = cache.content_key("cpu-kernel-v1", source, "\0".join(flags + ["--"] + extra),
-                            compiler_identity(timeout=min(timeout, _PROBE_TIMEOUT_S)),
-                            cpu_fingerprint())
+    flags, extra = _flags(timeout), [str(flag) for flag in extra_flags]
 
     def build(out_path: pathlib.Path) -> None:
         global compilations
@@ -80,11 +75,27 @@ def compile_shared_object(source: str, *, extra_flags: Sequence[str] = (),
             src.write_text(source, encoding="utf-8")
             # Extra flags after the source, so libraries (-l...) link.
             run_compiler([*flags, str(src), *extra, "-o", str(out_path)], timeout=timeout,
-                         what="a fused kernel", command=command)
+                         what="a fused kernel" if kernels == 1 else f"{kernels} fused kernels",
+                         command=command)
         with _count_lock:
-            compilations += 1
+            compilations += kernels
 
-    return cache.get_or_build(key, ".so", build)
+    return cache.get_or_build(object_key(source, extra_flags=extra, timeout=timeout), ".so",
+                              build)
+
+
+def object_key(source: str, *, extra_flags: Sequence[str] = (), timeout: float = 120) -> str:
+    """The cache key compile_shared_object stores the object of `source` under."""
+    flags, extra = _flags(timeout), [str(flag) for flag in extra_flags]
+    return cache.content_key("cpu-kernel-v1", source, "\0".join(flags + ["--"] + extra),
+                             compiler_identity(timeout=min(timeout, _PROBE_TIMEOUT_S)),
+                             cpu_fingerprint())
+
+
+def _flags(timeout: float) -> list[str]:
+    # The probes share the caller's time limit: a hung compiler must not stall
+    # optimize() for minutes before the fallback.
+    return [*DEFAULT_FLAGS, *host_arch_flags(timeout=min(timeout, _PROBE_TIMEOUT_S))]
 
 
 def compiler_command() -> list[str]:
@@ -112,6 +123,12 @@ def host_arch_flags(timeout: float = _PROBE_TIMEOUT_S) -> tuple[str, ...]:
 
 def cpu_fingerprint() -> str:
     """The CPU feature flags line of /proc/cpuinfo, else the machine name."""
+    return _cpu_flags_line()
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_flags_line() -> str:
+    # Read once: every kernel's key needs it, and a process stays on one CPU type.
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:

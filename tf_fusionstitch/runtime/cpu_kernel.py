@@ -72,27 +72,30 @@ def _matches(name: str, dtype) -> bool:
 
 
 class CpuKernel:
-    """A loaded kernel .so; its dtypes come from fs_meta. `out_dtypes` and
+    """A loaded kernel .so; its dtypes come from fs_meta. `symbol`: the
+    kernel's suffix in a library of several (its symbols are fs_meta_<symbol>,
+    ...; docs/KERNEL_ABI.md), "" for a kernel compiled alone. `out_dtypes` and
     `in_dtypes`, when given, must agree with them (bfloat16 may be given as
     uint16 bits); `out_dtypes` then picks the outputs' NumPy dtypes. Input
     arrays are checked against fs_meta on every run."""
 
     def __init__(self, path: str | os.PathLike, out_dtypes: Optional[Sequence] = None,
-                 in_dtypes: Optional[Sequence] = None):
+                 in_dtypes: Optional[Sequence] = None, symbol: str = ""):
         self.path = os.fspath(path)
+        self.symbol = symbol
         try:
             self._lib = ctypes.CDLL(self.path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
         except OSError as exc:
             raise KernelLoadError(f"cannot load kernel {self.path}: {exc}") from exc
-        self.meta = _read_meta(self._lib, self.path)
-        self._shape = _symbol(self._lib, self.path, "fs_shape")
+        self.meta = _read_meta(self._lib, self.path, self._name("fs_meta"))
+        self._shape = _symbol(self._lib, self.path, self._name("fs_shape"))
         self._shape.restype = ctypes.c_int
         self._shape.argtypes = [_I64P, _I64P, _I64P, _I64P, ctypes.c_char_p, ctypes.c_int64]
-        self._run = _symbol(self._lib, self.path, "fs_run")
+        self._run = _symbol(self._lib, self.path, self._name("fs_run"))
         self._run.restype = None
         self._run.argtypes = [ctypes.c_int64, ctypes.c_int64, _I64P,
                               ctypes.POINTER(ctypes.c_void_p)]
-        self._check = getattr(self._lib, "fs_check_inputs", None)   # optional
+        self._check = getattr(self._lib, self._name("fs_check_inputs"), None)   # optional
         if self._check is not None:
             self._check.restype = ctypes.c_int
             self._check.argtypes = [_I64P, ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p,
@@ -100,10 +103,13 @@ class CpuKernel:
         self.out_dtypes = self._dtypes("output", self.meta.out_dtypes, out_dtypes)
         self.in_dtypes = self._dtypes("input", self.meta.in_dtypes, in_dtypes)
 
+    def _name(self, abi_symbol: str) -> str:
+        return f"{abi_symbol}_{self.symbol}" if self.symbol else abi_symbol
+
     def set_stream_min_bytes(self, n: int) -> None:
         """Outputs of at least `n` bytes per call use streaming stores (the
         kernel's default is 16 MiB; 0 streams every aligned float32 output).
-        Process-wide for this kernel library."""
+        Process-wide for this kernel's library (every kernel in it)."""
         setter = getattr(self._lib, "fs_set_stream_min_bytes", None)
         if setter is None:
             raise KernelLoadError(f"kernel {self.path} has no fs_set_stream_min_bytes")
@@ -247,9 +253,9 @@ def _symbol(lib: ctypes.CDLL, path: str, name: str):
             f'extern "C" __attribute__((visibility("default")))') from None
 
 
-def _read_meta(lib: ctypes.CDLL, path: str) -> KernelMeta:
-    _symbol(lib, path, "fs_meta")  # a clear error if it is missing
-    words = ctypes.cast(ctypes.addressof(ctypes.c_int64.in_dll(lib, "fs_meta")), _I64P)
+def _read_meta(lib: ctypes.CDLL, path: str, symbol: str = "fs_meta") -> KernelMeta:
+    _symbol(lib, path, symbol)  # a clear error if it is missing
+    words = ctypes.cast(ctypes.addressof(ctypes.c_int64.in_dll(lib, symbol)), _I64P)
     # Read fs_meta front to back, checking each count before it sizes a read.
     version = words[0]
     if version != ABI_VERSION:

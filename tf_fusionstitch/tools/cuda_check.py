@@ -85,7 +85,7 @@ def check(name, cluster, reference, rtol, atol, rows, archs, rng, gpu=None, gpu_
     if gpu is not None:
         row["predicted"] = predicted_latency(plan, gpu, gpu_rows, row["arch"])
     emulated = CpuKernel(gpu_kernels.build_emulation(cluster, gpu=gpu, plan=plan))
-    cpu = None if reference is not None else CpuKernel(build_cpu_kernel(cluster).path)
+    cpu = None if reference is not None else build_cpu_kernel(cluster).runner()
     for n in rows:
         if reference is not None:
             inputs = reference.make_inputs(rng, n)
@@ -109,7 +109,7 @@ def run_on_gpu(row, cluster, reference, rtol, atol, device, jax, rng) -> None:
         wanted = reference.reference(inputs)
     else:
         inputs = patterns.random_inputs(cluster, rows, rng)
-        wanted = CpuKernel(build_cpu_kernel(cluster).path).run(inputs)
+        wanted = build_cpu_kernel(cluster).runner().run(inputs)
     schedule = build_schedule(cluster)
     plan = plan_gpu(schedule, gpu_kernels.device_gpu(), _schedule_rows(schedule, cluster, inputs))
     row["gpu_mapping"] = gpu_choice.describe(plan)
