@@ -5,14 +5,23 @@ compiles: tests that optimize the same cluster share the compiled kernel (and
 the FusionStitch op library, ~10 s to build, is built once). A test that needs
 an empty cache (e.g. to simulate a compiler failure) sets its own directory and
 restores this one afterwards. Other files may add fixtures below.
+
+Under pytest-xdist the workers inherit the first process's directory through
+_SHARED_ENV, so they share kernels too (the cache is safe for concurrent
+processes), and only that process removes it.
 """
 
 import os
 import shutil
 import tempfile
 
-_SESSION_CACHE = tempfile.mkdtemp(prefix="tf_fusionstitch-test-cache-")
-os.chmod(_SESSION_CACHE, 0o700)
+_SHARED_ENV = "TF_FUSIONSTITCH_TEST_SESSION_CACHE"
+if os.path.isdir(os.environ.get(_SHARED_ENV, "")):
+    _SESSION_CACHE, _OWNER = os.environ[_SHARED_ENV], False
+else:
+    _SESSION_CACHE, _OWNER = tempfile.mkdtemp(prefix="tf_fusionstitch-test-cache-"), True
+    os.chmod(_SESSION_CACHE, 0o700)
+    os.environ[_SHARED_ENV] = _SESSION_CACHE
 _PREVIOUS_CACHE = os.environ.get("TF_FUSIONSTITCH_CACHE_DIR")
 os.environ["TF_FUSIONSTITCH_CACHE_DIR"] = _SESSION_CACHE
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -25,7 +34,9 @@ def pytest_unconfigure(config):
         os.environ.pop("TF_FUSIONSTITCH_CACHE_DIR", None)
     else:
         os.environ["TF_FUSIONSTITCH_CACHE_DIR"] = _PREVIOUS_CACHE
-    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
+    if _OWNER:
+        os.environ.pop(_SHARED_ENV, None)
+        shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -97,7 +97,7 @@ ENTRIES: Dict[str, TextEntry] = {
                        _tiny(num_query_heads=4, num_key_value_heads=1, head_dim=8),
                        _args(vocabulary_size=32000, num_layers=2, num_query_heads=8,
                              num_key_value_heads=1, hidden_dim=2048, intermediate_dim=16384,
-                             head_dim=256), "lion", policy="mixed_bfloat16"),
+                             head_dim=256), "sgd_momentum", policy="mixed_bfloat16"),
     "qwen2": TextEntry("Qwen2Backbone", _tiny(num_query_heads=4, num_key_value_heads=2),
                        _args(vocabulary_size=32000, num_layers=4, num_query_heads=14,
                              num_key_value_heads=2, hidden_dim=896, intermediate_dim=4864),

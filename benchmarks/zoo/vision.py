@@ -26,7 +26,7 @@ CLASSES = 10
 
 @dataclasses.dataclass(frozen=True)
 class VisionEntry:
-    constructor: str                 # keras.applications.<module>.<constructor>
+    constructor: str                 # keras.applications.<constructor>
     tiny_image: int                  # input side at tiny size
     real_image: int                  # the published input side
     optimizer: str
@@ -61,7 +61,7 @@ ENTRIES: Dict[str, VisionEntry] = {
     "xception": VisionEntry("Xception", 71, 299, "adagrad"),
     "nasnet_mobile": VisionEntry("NASNetMobile", 64, 224, "rmsprop"),
     "vgg16": VisionEntry("VGG16", 64, 224, "sgd_momentum"),
-    "regnetx002": VisionEntry("regnet.RegNetX002", 64, 224, "lion", pixels="0-255"),
+    "vgg19": VisionEntry("VGG19", 64, 224, "lion"),
 }
 
 
@@ -72,13 +72,6 @@ def _images(entry: VisionEntry, side: int):
                   else gen.standard_normal(shape))
         return [tf.constant(values, tf.float32)]
     return make_inputs
-
-
-def _constructor(path: str):
-    owner = keras.applications
-    for part in path.split("."):
-        owner = getattr(owner, part)
-    return owner
 
 
 def build(name: str, size: str, seed: int, policy: str = None) -> assemble.ZooModel:
@@ -92,7 +85,7 @@ def build(name: str, size: str, seed: int, policy: str = None) -> assemble.ZooMo
                   classifier_activation=None)
     keras.utils.set_random_seed(seed)
     with assemble.dtype_policy(policy):
-        backbone = _constructor(entry.constructor)(**config)
+        backbone = getattr(keras.applications, entry.constructor)(**config)
     return assemble.finish(
         name=name, source=f"keras.applications.{entry.constructor}", size=size, config=config,
         family="vision", backbone=backbone, input_names=None,
