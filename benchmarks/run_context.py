@@ -90,12 +90,14 @@ def ort_contender(fn, arrays):
         import onnxruntime as ort
         import tf2onnx
         logging.getLogger("tf2onnx").setLevel(logging.CRITICAL)  # failures are recorded
-        sig = [tf.TensorSpec(a.shape, tf.float32, name=f"in{i}") for i, a in enumerate(arrays)]
+        sig = [tf.TensorSpec(a.shape, tf.as_dtype(a.dtype), name=f"in{i}")
+               for i, a in enumerate(arrays)]
         model, _ = tf2onnx.convert.from_function(tf.function(fn, input_signature=sig),
                                                  input_signature=sig)
         sess = ort.InferenceSession(model.SerializeToString(),
                                     providers=["CPUExecutionProvider"])
+        feeds = {i.name: a for i, a in zip(sess.get_inputs(), arrays)}
+        sess.run(None, feeds)   # a model that converts may still fail to run
     except Exception as e:  # conversion of e.g. Erfc fails in tf2onnx 1.17
         return None, one_line(e)
-    feeds = {i.name: a for i, a in zip(sess.get_inputs(), arrays)}
     return (lambda: sess.run(None, feeds)[0]), None
