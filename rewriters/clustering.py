@@ -10,6 +10,12 @@ Legality of a merge, checked every time:
   once). A reduction therefore joins its broadcast consumers: a layernorm or
   a softmax becomes one cluster.
 Stateful ops are never fusible, so their order is never changed.
+
+The second rule is decided without lowering when both clusters are
+uniform elementwise clusters of one shape (uniform_merge.py: the verdict
+then follows exactly from their summaries); otherwise, and whenever the
+summaries cannot tell, by lowering and scheduling the merged nodes, each
+structure's verdict remembered (pattern_key.py).
 """
 
 from __future__ import annotations
