@@ -10,6 +10,12 @@ Legality of a merge, checked every time:
   once). A reduction therefore joins its broadcast consumers: a layernorm or
   a softmax becomes one cluster.
 Stateful ops are never fusible, so their order is never changed.
+
+The second rule is decided without lowering when both clusters are
+uniform elementwise clusters of one shape (uniform_merge.py: the verdict
+then follows exactly from their summaries); otherwise, and whenever the
+summaries cannot tell, by lowering and scheduling the merged nodes, each
+structure's verdict remembered (pattern_key.py).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from tf_fusionstitch.rewriters import op_table, recurrences
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.lowering import lower_nodes
 from tf_fusionstitch.rewriters.pattern_key import pattern_key
+from tf_fusionstitch.rewriters.uniform_merge import UniformMerges
 from tf_fusionstitch.schedule import Schedule, UnsupportedCluster, build_schedule
 
 LOWERING_ERRORS = (op_table.NotFusible, ir.SpecError, UnsupportedCluster)
@@ -107,6 +114,18 @@ def why_not_one_kernel(view: GraphView, nodes: List[str], fetches: Set[Tensor]) 
         return str(e)
     view.memo[key] = True
     return ""
+
+
+def one_kernel(view: GraphView, nodes: List[str], fetches: Set[Tensor]) -> bool:
+    """Whether why_not_one_kernel accepts `nodes`, failures remembered per
+    structure too (the reason, which names nodes, is not kept)."""
+    key = ("clustering.not_one_kernel", pattern_key(view, nodes, fetches))
+    if view.memo.get(key):
+        return False
+    if why_not_one_kernel(view, nodes, fetches):
+        view.memo[key] = True
+        return False
+    return True
 
 
 def creates_cycle(view: GraphView, nodes: Set[str], owner: Dict[str, str],
@@ -270,11 +289,16 @@ def _reaches_back(view: GraphView, nodes: Set[str], owner: Dict[str, str],
     return False
 
 
-def grow_clusters(view: GraphView, candidates: Set[str], refuse) -> List[List[str]]:
+def grow_clusters(view: GraphView, candidates: Set[str], refuse,
+                  joined=None) -> List[List[str]]:
     """Visits edges in topological order of the consumer and merges the
     producer's cluster into the consumer's unless `refuse(merged, owner,
-    members)` is truthy (a reason). `owner` maps a node to its cluster's
-    key, `members` a key to its nodes, both as formed so far.
+    members, fusion, producer)` is truthy (a reason). `owner` maps a node to
+    its cluster's key, `members` a key to its nodes, both as formed so far;
+    `fusion` and `producer` are the two clusters' keys, and `merged` the
+    consumer's cluster's nodes, then the producer's. `joined(fusion,
+    producer, owner, members)`, if given, hears of each merge before owner
+    and members change.
 
     A node joins a cluster only as a visited consumer or as the producer of
     one, and producers come first: while a consumer is visited, every node
@@ -292,8 +316,10 @@ def grow_clusters(view: GraphView, candidates: Set[str], refuse) -> List[List[st
             if producer == fusion:
                 continue
             merged = members[fusion] + members[producer]
-            if refuse(merged, owner, members):
+            if refuse(merged, owner, members, fusion, producer):
                 continue
+            if joined is not None:
+                joined(fusion, producer, owner, members)
             for n in members[producer]:
                 owner[n] = fusion
             members[fusion] = merged
@@ -302,22 +328,29 @@ def grow_clusters(view: GraphView, candidates: Set[str], refuse) -> List[List[st
 
 
 def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
-                  recurrence: Optional[Dict[str, int]] = None) -> List[List[str]]:
+                  recurrence: Optional[Dict[str, int]] = None,
+                  summaries: bool = True) -> List[List[str]]:
     """Greedy: merge along every edge whenever the result is legal.
     `recurrence`: in a loop's body, node -> its recurrence
     (recurrences.recurrence_ids); a kernel holds the ops of at most one
-    and nothing else (explore.py says why)."""
+    and nothing else (explore.py says why). `summaries=False` decides every
+    merge by the full check (lowering and scheduling the merged nodes):
+    the reference that uniform_merge.py's shortcut must agree with."""
 
     position = view.position
     recurrence = recurrence or {}
+    uniform = UniformMerges(view, candidates, fetches) if summaries else None
 
-    def illegal(nodes: List[str], owner, members) -> bool:
+    def illegal(nodes: List[str], owner, members, fusion, producer) -> bool:
         if recurrences.joins_apart(recurrence, nodes):
             return True
         # the consumer being visited is the last of `nodes` (grow_clusters)
-        if creates_cycle(view, set(nodes), owner, members,
-                         after=max(position[n] for n in nodes)):
+        last = max(nodes, key=position.__getitem__)
+        if creates_cycle(view, set(nodes), owner, members, after=position[last]):
             return True
-        return bool(why_not_one_kernel(view, nodes, fetches))
+        if uniform is not None and uniform.legal(fusion, producer, last, owner, members):
+            return False
+        return not one_kernel(view, nodes, fetches)
 
-    return grow_clusters(view, candidates, illegal)
+    return grow_clusters(view, candidates, illegal,
+                         joined=uniform.join if uniform is not None else None)

@@ -159,5 +159,5 @@ def unfusible_alone(view: GraphView, candidates: Set[str], fetches: Set[Tensor])
 def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor]) -> List[List[str]]:
     """Visit consumers in topological order and fuse each producer's fusion
     into the consumer's whenever fusion_decision allows it."""
-    return grow_clusters(view, candidates, lambda merged, owner, members: fusion_decision(
+    return grow_clusters(view, candidates, lambda merged, owner, members, *_: fusion_decision(
         view, merged, owner, members, fetches))

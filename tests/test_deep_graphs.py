@@ -9,9 +9,11 @@ default limit is. Results are compared with TF's on fresh random inputs
 under optimize_testlib's tolerances.
 
 Sizes: graphs of thousands of ops, but no kernel of thousands of TF ops:
-the greedy clustering lowers and schedules a cluster again on every merge,
-so a chain of n TF ops fused into one kernel costs about n^2 / 2 lowerings
-of one op (a 1,500-op chain spent 55 s there, fusion="explore" more). The
+the greedy clustering lowers and schedules a cluster again on every merge
+it cannot decide from summaries (uniform_merge.py decides elementwise
+chains of one shape), so a chain of n TF ops of other kinds fused into one
+kernel costs about n^2 / 2 lowerings of one op (a 1,500-op chain spent 55 s
+there, fusion="explore" more). The
 long chains below are cut into kernels by MatMuls (never fused), with one
 kernel of LAST_OPS TF ops at the end; an AddN of 2,000 operands, one TF
 node, makes one kernel a chain of 2,000 adds.
