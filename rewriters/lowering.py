@@ -46,7 +46,7 @@ def _read_constant(view: GraphView, name: str) -> Optional[np.ndarray]:
     return value
 
 
-def _inlinable_scalar(view: GraphView, t: Tensor) -> Optional[np.ndarray]:
+def inlinable_scalar(view: GraphView, t: Tensor) -> Optional[np.ndarray]:
     key = ("scalar", t)
     value = view.memo.get(key, _MISSING)
     if value is _MISSING:
@@ -86,7 +86,7 @@ def lower_nodes(view: GraphView, nodes: Sequence[str], fetches: Set[Tensor],
             return value_of[t]
         if t in inlined:
             return inlined[t]
-        scalar = _inlinable_scalar(view, t)
+        scalar = inlinable_scalar(view, t)
         if scalar is not None:
             inlined[t] = emit("const", [], view.type_of(t), {"value": json_number(scalar.item())})
             return inlined[t]
@@ -108,7 +108,7 @@ def lower_nodes(view: GraphView, nodes: Sequence[str], fetches: Set[Tensor],
         data = view.data_inputs[node_name]
         values, constants, scalars = [], [], []
         for i, t in enumerate(data):
-            scalar = _inlinable_scalar(view, t)
+            scalar = inlinable_scalar(view, t)
             scalars.append(None if scalar is None else scalar.item())
             if i in rule.static_inputs:
                 values.append(None)

@@ -38,7 +38,7 @@ from typing import Dict, List, Optional, Set
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
-from tf_fusionstitch.rewriters.lowering import _inlinable_scalar, lower_nodes
+from tf_fusionstitch.rewriters.lowering import inlinable_scalar, lower_nodes
 from tf_fusionstitch.rewriters.op_table import OP_TABLE, NotFusible
 
 ELEMENTWISE_PRIMS = frozenset(ir.UNARY + ir.BINARY + ir.TERNARY + ir.CONSTANT)
@@ -59,7 +59,7 @@ def _reads(view: GraphView, name: str):
     feeds, inlined = set(), set()
     for i, t in enumerate(view.data_inputs[name]):
         if i not in rule.static_inputs:
-            (inlined if _inlinable_scalar(view, t) is not None else feeds).add(t)
+            (inlined if inlinable_scalar(view, t) is not None else feeds).add(t)
     return feeds, inlined
 
 
