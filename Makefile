@@ -6,6 +6,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Test workers (pytest-xdist); each holds a TF process of up to a few GB.
+PYTEST_WORKERS ?= 2
 BENCH_ARGS ?=
 
 .PHONY: all venv demo test bench clean distclean
@@ -27,7 +29,7 @@ demo: $(STAMP)
 	$(PY) -m tf_fusionstitch.tools.demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) tests $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/patterns.py $(BENCH_ARGS)

@@ -39,7 +39,15 @@ def pytest_unconfigure(config):
         shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 
 
+# Files whose tests take minutes each (the whole model zoo): run first, so that
+# under `make test`'s workers the short tests fill in behind them rather than
+# one worker finishing the last long test alone.
+SLOW_FILES = ("test_zoo.py",)
+
+
 def pytest_collection_modifyitems(config, items):
     """tf.test.TestCase has a `test_session` context manager that pytest would
-    collect and report as 'Not a test' skips, hiding the real skips."""
+    collect and report as 'Not a test' skips, hiding the real skips. Slow
+    files go first (SLOW_FILES)."""
     items[:] = [item for item in items if item.name != "test_session"]
+    items.sort(key=lambda item: item.path.name not in SLOW_FILES)
