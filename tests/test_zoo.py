@@ -7,8 +7,9 @@ For every model, with the default options:
 - three optimized train steps from the same initial weights give TF's losses
   and weight updates;
 both within the noise floor of two references, XLA (where it draws the same
-dropout masks) and the model's more precise twin (float64, or float32 for
-mixed_bfloat16 models): tests/zoo_testlib.py says why both and how much;
+dropout masks; for dropout models TF from weights one float32 rounding apart)
+and the model's more precise twin (float64, or float32 for mixed_bfloat16
+models): tests/zoo_testlib.py says why both and how much;
 - nothing raised, no trace fell back to the original function, no cluster
   fell back except those KNOWN_FALLBACKS names with their reason, and the
   rewrite fused something.
@@ -61,7 +62,9 @@ def train_comparison(model, twin, name, options=None):
     refs = [zt.twin_train_steps(twin, batches)]
     if not model.dropout:
         refs.append(zt.run_steps(zt.xla_function(model.train_step), model, batches))
-        zt.restore(variables, initial)
+    else:
+        refs.append(zt.perturbed_train_steps(model, batches, initial, _SEED + 2))
+    zt.restore(variables, initial)
     opt = fs.optimize(model.train_step, **(options or {}))
     losses, warned = _quiet_calls(opt, [b.inputs + (b.labels,) for b in batches])
     fs_run = zt.Trained([float(x) for x in losses], zt.snapshot(weights))

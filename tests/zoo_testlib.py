@@ -15,6 +15,12 @@ the same inputs; the largest of them is the noise floor:
   exactly on their variables while tf_fusionstitch's blocked sums round
   differently (measured: XLA 0, tf_fusionstitch up to 2.8e-5 on a layer norm's
   scale under Adam);
+- for models with active dropout, in XLA's place, TF itself from weights one
+  float32 rounding apart (each element moved to a neighbouring float32 at
+  random): how far TF's own training moves when its weights round the other
+  way. Training a small batch-norm CNN with dropout under RMSprop is chaotic:
+  on EfficientNetB0 the third step's loss moves by 1.4e-4 so, where the
+  float64 twin happened to land 6e-6 from TF's and tf_fusionstitch 1.9e-4;
 - the model's twin with the same float32 weights, batches and dropout masks:
   float64 for float32 models (how far TF's float32 result is from exact
   arithmetic: a plan as accurate as TF's lands within about twice that of TF),
@@ -129,6 +135,33 @@ def xla_function(fn):
     """The same Python function compiled whole by XLA."""
     return tf.function(fn.python_function, input_signature=fn.input_signature,
                        jit_compile=True)
+
+
+def one_rounding_apart(values: Sequence[np.ndarray], seed: int) -> List[np.ndarray]:
+    """Each float32 element moved to a neighbouring float32, up or down at
+    random: the start of perturbed_train_steps."""
+    gen = np.random.default_rng(seed)
+    moved = []
+    for value in values:
+        if value.dtype != np.float32:
+            moved.append(value)
+            continue
+        towards = np.where(gen.random(value.shape) < 0.5, -np.inf, np.inf).astype(np.float32)
+        moved.append(np.nextafter(value, towards))
+    return moved
+
+
+def perturbed_train_steps(model, batches, initial: Sequence[np.ndarray], seed: int) -> Trained:
+    """TF's own STEPS train steps from the model's weights one float32
+    rounding apart (one_rounding_apart): how far TF's training moves when
+    its float32 weights are rounded the other way, the float32 counterpart
+    of XLA's reference where XLA cannot serve (active dropout). Restores
+    the model's optimizer slots to `initial` (model then optimizer variables)
+    first; the caller restores the weights afterwards."""
+    weights = list(model.model.variables)
+    restore(weights + list(model.optimizer.variables), initial)
+    restore(weights, one_rounding_apart(initial[:len(weights)], seed))
+    return run_steps(model.train_step, model, batches)
 
 
 def twin_train_steps(twin, batches) -> Trained:
