@@ -84,6 +84,19 @@ def machine_line(load):
             f"before the run")
 
 
+def ort_session_contender(onnx_bytes, arrays):
+    """(callable, None) running an ONNX model in ONNX Runtime on `arrays`, or
+    (None, reason) if it does not load or its first run fails."""
+    try:
+        import onnxruntime as ort
+        sess = ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"])
+        feeds = {i.name: a for i, a in zip(sess.get_inputs(), arrays)}
+        sess.run(None, feeds)
+    except Exception as e:  # noqa: BLE001  (an ORT failure is a note, not a crash)
+        return None, one_line(e)
+    return (lambda: sess.run(None, feeds)[0]), None
+
+
 def ort_contender(fn, arrays):
     """(callable, None) running the tf2onnx conversion in ONNX Runtime, or (None, reason)."""
     try:

@@ -21,7 +21,8 @@ models --train_models names, its train step:
                in a new random order: rounds.py) after --warmup rounds. TF: the
                tf.function; XLA: jit_compile=True of the same Python function; ORT: ONNX
                Runtime on the tf2onnx conversion (inference only, where it converts); fs:
-               tf_fusionstitch.optimize(fn).
+               tf_fusionstitch.optimize(fn) (with --measured_choice=N, the one of the fused
+               and the original function its first calls measured faster: a row says which).
   fs vs TF     TF's time over fs's in the same round: the median over rounds and its 95%
                interval (median_interval.py); above 1x fs is faster. A row whose whole
                interval lies below 1x is flagged. fs vs XLA likewise.
@@ -41,6 +42,7 @@ import math
 import os
 import pathlib
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -85,6 +87,10 @@ flags.DEFINE_integer("seq", None, "Sequence length of text rows (default 128 rea
 flags.DEFINE_integer("rounds", 15, "Timed rounds.")
 flags.DEFINE_integer("warmup", 2, "Untimed rounds after the first calls.")
 flags.DEFINE_bool("ort", True, "Also time ONNX Runtime on inference rows.")
+flags.DEFINE_integer("measured_choice", 0, "N > 0: the timed fs contender is "
+                     "optimize(fn, measured_choice=N), which keeps the faster of the fused and "
+                     "the original function after N timed pairs of calls (decided before the "
+                     "rounds; the notes say which it kept). 0: always the fused function.")
 flags.DEFINE_string("out", str(_HERE / "RESULTS.md"),
                     "Markdown file whose zoo section is (re)written; empty: do not write.")
 
@@ -110,6 +116,59 @@ def _timed_first_call(fn, args):
         warnings.simplefilter("always", RuntimeWarning)
         result = fn(*args)
     return result, time.perf_counter() - t0, [str(w.message) for w in caught]
+
+
+# Run in a child process: tf2onnx freezes every weight into the graph and
+# copies it several times over (VGG16's conversion went past this 24 GB
+# machine's memory), and a child that runs out takes only itself down.
+_CONVERT = """
+import sys
+import numpy as np, tensorflow as tf, tf2onnx
+sys.path.insert(0, sys.argv[1])
+from benchmarks import zoo
+name, size, out = sys.argv[2:5]
+shapes = [(tuple(int(d) for d in s.split("x")), dt) for s, dt in
+          (arg.split(":") for arg in sys.argv[5:])]
+model = zoo.build(name, size, seed=0)
+sig = [tf.TensorSpec(shape, tf.as_dtype(dt), name=f"in{i}") for i, (shape, dt) in
+       enumerate(shapes)]
+onnx_model, _ = tf2onnx.convert.from_function(
+    tf.function(model.inference.python_function, input_signature=sig), input_signature=sig)
+with open(out, "wb") as f:
+    f.write(onnx_model.SerializeToString())
+"""
+ONNX_CONVERT_TIMEOUT_S = 1200
+
+
+def _ort_contender(name, arrays):
+    """run_context.ort_session_contender on the tf2onnx conversion of zoo model
+    `name`'s inference (seed 0, as run_row builds it) at the arrays' shapes,
+    converted in a child process; (None, reason) where that fails."""
+    with tempfile.TemporaryDirectory(prefix="fs-zoo-onnx-") as tmp:
+        out = os.path.join(tmp, "model.onnx")
+        shapes = [f"{'x'.join(map(str, a.shape))}:{a.dtype.name}" for a in arrays]
+        try:
+            res = subprocess.run([sys.executable, "-c", _CONVERT, str(_HERE.parent), name,
+                                  FLAGS.size, out] + shapes, capture_output=True, text=True,
+                                 timeout=ONNX_CONVERT_TIMEOUT_S,
+                                 env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        except subprocess.TimeoutExpired:
+            return None, f"tf2onnx took over {ONNX_CONVERT_TIMEOUT_S} s"
+        if res.returncode != 0:
+            last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+            return None, (f"tf2onnx's conversion exited with {res.returncode}"
+                          + (" (killed: out of memory?)" if res.returncode < 0 else "")
+                          + f": {last[:200]}")
+        return run_context.ort_session_contender(pathlib.Path(out).read_bytes(), arrays)
+
+
+def _decide(optimized, args):
+    """Calls `optimized` until its measured choice is made; the report's line on it."""
+    for _ in range(2 * FLAGS.measured_choice + 2):
+        if optimized.report().choice:
+            break
+        optimized(*args)
+    return optimized.report().choice or "measured choice not made"
 
 
 def _relative_diff(a, b):
@@ -158,9 +217,12 @@ def run_row(name, function, cache_root):
         row["failure"] = report.failure
         row["rewrite"] = (report.rewrite_seconds, report.compile_seconds, report.compilations)
         stage = "fs first call (warm)"
-        calls["fs"] = fs.optimize(_fresh(original))
+        calls["fs"] = fs.optimize(_fresh(original), measured_choice=FLAGS.measured_choice)
         _, row["first"]["fs warm"], _ = from_initial_weights(
             lambda: _timed_first_call(calls["fs"], args))
+        if FLAGS.measured_choice:
+            stage = "fs measured choice"
+            row["notes"].append("fs: " + _decide(calls["fs"], args))
         stage = "XLA first call"
         xla = tf.function(original.python_function, input_signature=original.input_signature,
                           jit_compile=True)
@@ -173,8 +235,7 @@ def run_row(name, function, cache_root):
         if function == "inference" and FLAGS.ort:
             stage = "ORT conversion"
             t0 = time.perf_counter()
-            ort, why = run_context.ort_contender(original.python_function,
-                                      [np.asarray(a) for a in data.inputs])
+            ort, why = _ort_contender(name, [np.asarray(a) for a in data.inputs])
             if ort is None:
                 row["notes"].append(f"ORT: {why}")
             else:
