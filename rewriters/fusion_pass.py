@@ -29,7 +29,8 @@ from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.report import ClusterReport
 from tf_fusionstitch.rewriters import (call_dims, clustering, decided_shapes, explore,
                                        function_bodies, function_graphs, loop_gradients,
-                                       op_table, packing, recurrences, slice_gradients,
+                                       op_table, packing, recurrences, remapper_epilogues,
+                                       slice_gradients,
                                        variable_updates, xla_like)
 from tf_fusionstitch.rewriters.clustering import fusible_nodes
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
@@ -61,6 +62,11 @@ class PassResult:
     # What this graph proves of the arguments of each function it calls:
     # {call node: {function: portable Facts per argument}} (call_dims.py).
     call_facts: Dict[str, Dict[str, tuple]] = dataclasses.field(default_factory=dict)
+    # Memory-intensive ops of the graph's own nodes that TF's remapper folds
+    # into a contraction (remapper_epilogues.py): TF runs them inside the
+    # contraction's call with or without this pass, so kernels_before and
+    # kernels_after count neither.
+    remapper_fused: int = 0
 
 
 def _worth_a_kernel(c: ir.Cluster, min_cluster_ops: int) -> bool:
@@ -205,7 +211,7 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
     # A function body's inputs are its caller's values, which no guard
     # checks: only what the caller proves of them (call_facts) holds there.
     result = run_pass(graph_def, types, fetches, input_equalities)
-    result.kernels_before = before
+    result.kernels_before = before - result.remapper_fused
     if isinstance(moved, str):
         result.clusters.append(ClusterReport(
             "loop gradients", [], False, reason=f"weight gradients not summed after their "
@@ -267,6 +273,10 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
     exploration = ""
     verdict = fusible_nodes(view, fetches)
     candidates = {n for n, why in verdict.items() if not why}
+    epilogues = remapper_epilogues.fused_epilogues(graph_def, fetches, candidates)
+    verdict.update(epilogues)
+    candidates = {n for n, why in verdict.items() if not why}
+    remapper_fused = sum(op_table.is_memory_intensive(view.nodes[n].op) for n in epilogues)
     if fusion == "xla_like":
         verdict.update(xla_like.unfusible_alone(view, candidates, fetches))
         candidates = {n for n, why in verdict.items() if not why}
@@ -311,6 +321,7 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
     unfused = [(n, view.nodes[n].op, why or "no profitable cluster")
                for n, why in verdict.items()
                if n not in fused and op_table.is_memory_intensive(view.nodes[n].op)]
-    return PassResult(new_gd, tensor_map, reports, before, after, compile_seconds, unfused,
-                      exploration, call_facts=call_facts)
+    return PassResult(new_gd, tensor_map, reports, before - remapper_fused,
+                      after - remapper_fused, compile_seconds, unfused, exploration,
+                      call_facts=call_facts, remapper_fused=remapper_fused)
 

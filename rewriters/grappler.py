@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import tensorflow as tf
-from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
 from tensorflow.python.grappler import tf_optimizer
 
 # TF's standard simplifications, in the order and number of rounds TF's own
@@ -17,8 +17,14 @@ DEFAULT_PASSES = ("common_subgraph_elimination", "constfold", "arithmetic", "dep
 
 
 def run_grappler(graph_def, graph, fetches: Sequence[str], passes=DEFAULT_PASSES):
-    """`fetches` are the tensors and ops that must survive (outputs, side effects)."""
-    meta = tf.compat.v1.train.export_meta_graph(graph_def=graph_def, graph=graph)
+    """`fetches` are the tensors and ops that must survive (outputs, side
+    effects). `graph`: the tf.Graph `graph_def` came from, for its
+    collections; None for a GraphDef alone."""
+    if graph is None:
+        meta = meta_graph_pb2.MetaGraphDef()
+        meta.graph_def.CopyFrom(graph_def)
+    else:
+        meta = tf.compat.v1.train.export_meta_graph(graph_def=graph_def, graph=graph)
     keep = meta.collection_def["train_op"].node_list.value
     for name in fetches:
         keep.append(name)

@@ -30,6 +30,7 @@ from absl.testing import parameterized
 
 import tf_fusionstitch as fs
 from tf_fusionstitch import api
+from tf_fusionstitch.rewriters import remapper_epilogues
 import zoo_testlib as zt
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -83,7 +84,10 @@ class ZooTest(tf.test.TestCase, parameterized.TestCase):
         for report in reports:
             self.assertEqual(report.failure, "", f"{what}: the rewrite failed")
         self.assertEqual(zt.unnamed_fallbacks(reports, KNOWN_FALLBACKS), [], what)
-        self.assertNotEmpty(reports[-1].fused_clusters, f"{what}: nothing fused\n{reports[-1]}")
+        if not reports[-1].fused_clusters:   # fine only where TF fuses everything itself
+            kept = [u for u in reports[-1].unfused_ops
+                    if not u[2].startswith(remapper_epilogues.LEFT_TO_REMAPPER)]
+            self.assertEmpty(kept, f"{what}: nothing fused\n{reports[-1]}")
 
     def _check_inference(self, model, twin):
         shapes = ([(2, 12), (3, 16)] if model.family == "text" else [(2, None), (3, None)])

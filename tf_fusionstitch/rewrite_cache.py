@@ -52,7 +52,7 @@ from tf_fusionstitch.report import Report
 from tf_fusionstitch.runtime import cache
 
 # Bump when the meaning of a cached entry changes (its format, or what the key covers).
-REWRITE_VERSION = "rewrite-2"   # 2: traces keyed and stored in canonical names
+REWRITE_VERSION = "rewrite-3"   # 3: epilogues TF's remapper fuses stay TF ops
 SUFFIX = ".rewrite.json"
 
 # The packages whose code decides the rewritten graph (planner and tools do not).
