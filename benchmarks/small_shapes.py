@@ -104,7 +104,7 @@ def _union_length(intervals) -> int:
 
 def breakdown(space: xplane_pb2.XSpace, calls: int) -> dict:
     """Per-call microseconds of a profile of `calls` calls (see the module docstring)."""
-    run_ps, ops, by_class, by_type = 0, [], collections.Counter(), collections.Counter()
+    run_ps, ops, by_class = 0, [], collections.Counter()
     for plane in space.planes:
         if not plane.name.startswith("/host:"):
             continue
@@ -121,10 +121,7 @@ def breakdown(space: xplane_pb2.XSpace, calls: int) -> dict:
                 start = base + event.offset_ps
                 ops.append((start, start + event.duration_ps))
                 by_class[op_class(op_type)] += event.duration_ps
-                by_type[op_type] += event.duration_ps // 1000000
     busy = _union_length(ops)
-    if os.environ.get("SMALL_SHAPES_DEBUG"):
-        print(by_type.most_common(12))
     per_call = lambda ps: ps / 1e6 / calls   # noqa: E731  (ps -> us per call)
     return {"call": per_call(run_ps), "busy": per_call(busy),
             "overhead": per_call(max(run_ps - busy, 0)), "ops": len(ops) / calls,
