@@ -301,9 +301,6 @@ def _reaches_back(view: GraphView, nodes: Set[str], owner: Dict[str, str],
     return False
 
 
-# A rank after every other: where the clusters a check reached move when
-# they feed nothing ranked after the consumer.
-_END = (math.inf,)
 # Clusters moved in front of a rank get ranks three entries longer than it:
 # past this length all ranks are renumbered (the same order, one entry each).
 _LONGEST_RANK = 16
@@ -337,6 +334,10 @@ class ClusterGraph:
     def __init__(self, view: GraphView):
         self._consumers, self._position = view.consumers, view.position
         self._rank: Dict[str, tuple] = {n: (i,) for i, n in enumerate(view.order)}
+        # A rank after every unit's, even after those moved in front of it
+        # (an infinite one would not be): the clusters a check reached move
+        # there when they feed nothing ranked after the consumer.
+        self._end = (len(view.order) + 1,)
         self._exits: Dict[str, Set[str]] = {}    # clusters of more than one node
         self._moves: Dict[tuple, int] = {}      # rank -> groups moved in front of it
         self._checked = None   # (fusion, producer, reached, first rank they feed after)
@@ -345,6 +346,10 @@ class ClusterGraph:
         """The consumers of `unit`'s members outside it (the caller must not
         change the set)."""
         return self._exits[unit] if unit in self._exits else self._consumers[unit]
+
+    def rank(self, unit: str) -> tuple:
+        """`unit`'s place in the topological order (less is earlier)."""
+        return self._rank[unit]
 
     def creates_cycle(self, fusion: str, producer: str, owner: Dict[str, str]) -> bool:
         """Whether merging cluster `producer` into `fusion`, which one of its
@@ -355,7 +360,7 @@ class ClusterGraph:
         # Latest entered first: a path back climbs to the consumer's rank, and
         # the walk ends at the first cluster found on one.
         entered = [(0, producer)]
-        fed_after = _END   # the lowest rank after `limit` that a reached cluster feeds
+        fed_after = self._end   # the lowest rank after `limit` a reached cluster feeds
         while entered:
             _, unit = heapq.heappop(entered)
             for c in self.exits(unit):
@@ -369,6 +374,8 @@ class ClusterGraph:
                         reached.append(other)
                         heapq.heappush(entered, (-position[c], other))
                 elif unit != producer and rank[other] < fed_after:
+                    # only what the reached feed bounds their move: what the
+                    # producer feeds stays after the merged cluster anyway
                     fed_after = rank[other]
         self._checked = (fusion, producer, reached, fed_after)
         return False
