@@ -341,7 +341,7 @@ class ClusterGraph:
         self._end = (len(view.order) + 1,)
         self._exits: Dict[str, Set[str]] = {}    # clusters of more than one node
         self._moves: Dict[tuple, int] = {}      # rank -> groups moved in front of it
-        self._checked = None   # (fusion, producer, reached, first rank they feed after)
+        self._checked = None   # (fusion, producer, reached, fed_after) of a check, no cycle
 
     def exits(self, unit: str) -> Set[str]:
         """The consumers of `unit`'s members outside it (the caller must not

@@ -27,7 +27,7 @@ F32 = tf.float32
 
 def _random_dag(gen: np.random.Generator, size: int) -> GraphView:
     """Nodes n0.. in topological order, each reading some of: the node
-    before it (chains), one two or three back (diamonds), any earlier one
+    before it (chains), the one two or three before (diamonds), any earlier one
     (long skip edges), and any earlier one through a control edge."""
     gd = graph_pb2.GraphDef()
     for i in range(size):
