@@ -17,44 +17,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf
 
-from optimize_testlib import traced_types
+from clustering_testlib import plans, traced_view
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.rewriters import uniform_merge
-from tf_fusionstitch.rewriters.clustering import form_clusters, fusible_nodes
-from tf_fusionstitch.rewriters.dim_origins import DimOrigins
-from tf_fusionstitch.rewriters.graph_view import GraphView
 
 F32 = tf.float32
-
-
-def _view(fn, *specs):
-    """(view with dimension symbols, fetches) of fn traced at `specs`, as the pass sees it."""
-    concrete = tf.function(fn).get_concrete_function(*specs)
-    graph_def = concrete.graph.as_graph_def()
-    types = traced_types(graph_def, concrete.graph)
-    names = {n.name for n in graph_def.node}
-    fetches = {(t.op.name, t.value_index) for t in concrete.outputs if t.op.name in names}
-    origins = DimOrigins(GraphView(graph_def, types), fetches)
-    return GraphView(graph_def, types, dims=origins.dims), fetches
-
-
-def _plans(fn, *specs):
-    """(clusters with the summaries, clusters by the full check), each a
-    sorted list of sorted node lists, each from a view of its own."""
-    plans = []
-    for summaries in (True, False):
-        view, fetches = _view(fn, *specs)
-        verdict = fusible_nodes(view, fetches)
-        candidates = {n for n, why in verdict.items() if not why}
-        groups = form_clusters(view, candidates, fetches, summaries=summaries)
-        plans.append(sorted(sorted(g) for g in groups))
-    return plans
 
 
 class ClusteringScalingTest(tf.test.TestCase):
 
     def assertSamePlans(self, fn, *specs, largest_at_least=1):
-        fast, full = _plans(fn, *specs)
+        fast, full = plans(fn, specs, {"summaries": True}, {"summaries": False})
         self.assertEqual(fast, full)
         self.assertGreaterEqual(max(map(len, fast)), largest_at_least)
         return fast
@@ -167,7 +140,7 @@ class NodeSummaryTest(tf.test.TestCase):
             b = tf.reduce_sum(a, axis=1)  # a reduction
             c = tf.reshape(a, [20])       # a reshape
             return a * 2.0, b, c
-        view, fetches = _view(f, tf.TensorSpec([4, 5], F32), tf.TensorSpec([], F32))
+        view, fetches = traced_view(f, tf.TensorSpec([4, 5], F32), tf.TensorSpec([], F32))
         by_op = {view.nodes[n].op: n for n in view.order}
         summary = uniform_merge.node_summary(view, by_op["AddV2"], fetches)
         self.assertIsNotNone(summary)
