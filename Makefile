@@ -7,6 +7,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 # Test workers (pytest-xdist); each holds a TF process of up to a few GB.
+# Tests are handed out two at a time: with xdist's default chunks the first
+# worker got every zoo test (they are collected first) and ran them alone.
 PYTEST_WORKERS ?= 2
 BENCH_ARGS ?=
 
@@ -29,7 +31,7 @@ demo: $(STAMP)
 	$(PY) -m tf_fusionstitch.tools.demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=2 tests $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/patterns.py $(BENCH_ARGS)

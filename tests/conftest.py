@@ -41,7 +41,8 @@ def pytest_unconfigure(config):
 
 # Files whose tests take minutes each (the whole model zoo): run first, so that
 # under `make test`'s workers the short tests fill in behind them rather than
-# one worker finishing the last long test alone.
+# one worker finishing the last long test alone. The Makefile hands tests out
+# two at a time (--maxschedchunk=2), so the zoo is shared between workers.
 SLOW_FILES = ("test_zoo.py",)
 
 
