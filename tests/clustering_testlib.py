@@ -2,7 +2,9 @@
 on them under different options: for tests that compare a shortcut of
 form_clusters with its reference."""
 
+import contextlib
 import os
+from unittest import mock
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -37,3 +39,17 @@ def plans(fn, specs, *options):
         groups = form_clusters(view, candidates, fetches, **kwargs)
         formed.append(sorted(sorted(g) for g in groups))
     return formed
+
+
+@contextlib.contextmanager
+def recorded_results(cls, method: str):
+    """Patches `cls.method` to append each result it returns to the list
+    this yields (a shortcut's verdicts, counted by the test)."""
+    results = []
+    real = getattr(cls, method)
+
+    def recorded(self, *args):
+        results.append(real(self, *args))
+        return results[-1]
+    with mock.patch.object(cls, method, recorded):
+        yield results

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-from clustering_testlib import plans
+from clustering_testlib import plans, recorded_results
 from tf_fusionstitch.rewriters import clustering
 from tf_fusionstitch.rewriters.graph_view import GraphView
 
@@ -172,13 +172,7 @@ class TracedGraphTest(tf.test.TestCase):
     def assertSamePlans(self, fn, *specs):
         """form_clusters with ClusterGraph and with the walk form the same
         clusters, and some merge on the way closes a cycle."""
-        closing = []
-        real = clustering.ClusterGraph.creates_cycle
-
-        def recorded(graph, *args):
-            closing.append(real(graph, *args))
-            return closing[-1]
-        with mock.patch.object(clustering.ClusterGraph, "creates_cycle", recorded):
+        with recorded_results(clustering.ClusterGraph, "creates_cycle") as closing:
             incremental, walked = plans(fn, specs, {}, {"cycle_walk": True})
         self.assertEqual(incremental, walked)
         self.assertGreater(sum(closing), 3)      # cycles were refused

@@ -17,7 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf
 
-from clustering_testlib import plans, traced_view
+from clustering_testlib import plans, recorded_results, traced_view
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.rewriters import uniform_merge
 
@@ -39,13 +39,7 @@ class ClusteringScalingTest(tf.test.TestCase):
             for i in range(150):
                 x = tf.tanh(x) * 0.5 + float(i % 7)
             return x
-        decided = []
-        real = uniform_merge.UniformMerges.legal
-
-        def counted(self, *args):
-            decided.append(real(self, *args))
-            return decided[-1]
-        with mock.patch.object(uniform_merge.UniformMerges, "legal", counted):
+        with recorded_results(uniform_merge.UniformMerges, "legal") as decided:
             self.assertSamePlans(f, tf.TensorSpec([8, 16], F32), largest_at_least=450)
         self.assertGreater(sum(decided), 400)   # the summaries decided nearly every merge
 
