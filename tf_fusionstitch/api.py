@@ -26,7 +26,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from tf_fusionstitch import graph_check, kernels, measured_choice, rewrite_cache, trace_names
+from tf_fusionstitch import (background, graph_check, kernels, measured_choice,
+                             rewrite_cache, trace_names)
 from tf_fusionstitch.report import Report
 from tf_fusionstitch.rewriters import (cpu_costs, decided_shapes, function_bodies, grappler,
                                        shapes)
@@ -59,9 +60,13 @@ _OPTIONS = {
                         "fused and the original function (one untimed and N timed calls of "
                         "each) and the faster one runs from then on "
                         "(tf_fusionstitch/measured_choice.py); 0: always the fused one"),
+    "background": (bool, False, "the first calls run the original function while the "
+                   "rewrite and its kernels' compilation run on a thread; calls run the "
+                   "optimized function once it is ready (tf_fusionstitch/background.py, "
+                   "OptimizedFunction.wait)"),
 }
 # Options that do not change the rewritten graph, so stay out of the rewrite cache's key.
-_NOT_IN_CACHE_KEY = ("rewrite_cache", "measured_choice")
+_NOT_IN_CACHE_KEY = ("rewrite_cache", "measured_choice", "background")
 # Options that only mean something under fusion="explore", and the ranges of the numeric ones.
 _EXPLORE_ONLY = ("explore_k", "explore_beam", "costs")
 _EXPLORE_RANGES = {"explore_k": (1, 8), "explore_beam": (1, 16)}
@@ -93,8 +98,14 @@ class OptimizedFunction:
         self._name = name if isinstance(name, str) else name.decode()
         self._versions = Versions(self._make_function)
         self._traced_leaves: Optional[int] = None   # how many leaves a trace flattened
+        self._background = background.BackgroundRewrite() if options["background"] else None
 
     def __call__(self, *args, **kwargs):
+        if self._background is not None and self._background.pending(
+                lambda: self.prepare(*args, **kwargs)):
+            if not (tf.inside_function() or _symbolic(args, kwargs)):
+                return self._original(*args, **kwargs)
+            self._background.wait()   # an outer trace: build it with the optimized version
         if not self._options["specialize"]:
             return self._run(self._versions.generic, args, kwargs)
         version = self._versions.ready()
@@ -123,6 +134,13 @@ class OptimizedFunction:
         if choice.choice is not None and version.report is not None:
             version.report.choice = choice.summary()
         return result
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """With optimize(..., background=True): waits until the rewrite the
+        first call started has finished, so that calls run the optimized
+        function; False if `timeout` seconds passed first. True at once
+        when no rewrite is running (or background is off)."""
+        return True if self._background is None else self._background.wait(timeout)
 
     def get_concrete_function(self, *args, **kwargs):
         """The concrete function of the version that assumes nothing about
@@ -509,7 +527,11 @@ def optimize(fn, **options) -> OptimizedFunction:
     or "explore"): kernels that no path connects share one launch;
     rewrite_cache (bool, default True): reuse the rewrite of an identical
     traced graph (same options, TensorFlow and tf_fusionstitch code) from the
-    disk cache, tf_fusionstitch/rewrite_cache.py.
+    disk cache, tf_fusionstitch/rewrite_cache.py; measured_choice (int,
+    default 0: keep the faster of fused and original by timing the first
+    calls, tf_fusionstitch/measured_choice.py); background (bool, default
+    False): the first calls run the original function while the rewrite
+    compiles on a thread, tf_fusionstitch/background.py.
     """
     if not isinstance(fn, (tf.types.experimental.GenericFunction,
                            tf.types.experimental.ConcreteFunction)):
