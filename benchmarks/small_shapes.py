@@ -1,7 +1,8 @@
 """Where the time of a small model's call goes, under TF, XLA and tf_fusionstitch.
 
   python benchmarks/small_shapes.py                        # BERT and GPT-2, two shapes
-  python benchmarks/small_shapes.py --models=llama --size=tiny --shapes=4x128
+  python benchmarks/small_shapes.py --models=llama --sizes=tiny --shapes=4x128
+  python benchmarks/small_shapes.py --sizes=tiny,real --shapes=4x64,1x32
 
 At small shapes a call is short enough that what surrounds the arithmetic counts:
 the executor's dispatch of each op, ops left between kernels, and kernels too small
@@ -62,7 +63,7 @@ CLASSES = ("matmul", "FusionStitch", "XLA cluster", "shape", "other")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["bert", "gpt2"], "Zoo text models (benchmarks/zoo/text.py).")
-flags.DEFINE_enum("size", "real", list(zoo.SIZES), "The zoo's size set.")
+flags.DEFINE_list("sizes", ["real"], f"The zoo's size sets ({', '.join(zoo.SIZES)}).")
 flags.DEFINE_list("shapes", ["1x32", "4x128"], "batch x sequence length per row.")
 flags.DEFINE_integer("calls", 20, "Profiled calls per contender.")
 flags.DEFINE_integer("rounds", 20, "Interleaved timed rounds per row (no profiler).")
@@ -143,10 +144,10 @@ def profile(fn, args, calls: int) -> dict:
     return breakdown(space, calls)
 
 
-def run_row(name: str, batch: int, seq: int, cache_root: str) -> dict:
-    model = zoo.build(name, FLAGS.size, seed=0)
+def run_row(name: str, size: str, batch: int, seq: int, cache_root: str) -> dict:
+    model = zoo.build(name, size, seed=0)
     args = list(model.make_batch(np.random.default_rng(1), batch, seq).inputs)
-    run_context.fresh_cache_dir(cache_root, f"{name}-{batch}x{seq}")
+    run_context.fresh_cache_dir(cache_root, f"{name}-{size}-{batch}x{seq}")
     original = model.inference
     calls = {"TF": original,
              "XLA": tf.function(original.python_function,
@@ -155,7 +156,7 @@ def run_row(name: str, batch: int, seq: int, cache_root: str) -> dict:
     for fn in calls.values():
         fn(*args)
     report = calls["fs"].report()
-    row = {"model": name, "shape": f"{batch}x{seq}", "kernels": (report.kernels_before,
+    row = {"model": name, "size": size, "shape": f"{batch}x{seq}", "kernels": (report.kernels_before,
                                                                 report.kernels_after),
            "profiles": {k: profile(fn, args, FLAGS.calls) for k, fn in calls.items()}}
     times, _ = rounds.time_rounds(calls, args, FLAGS.rounds, 2)
@@ -163,13 +164,13 @@ def run_row(name: str, batch: int, seq: int, cache_root: str) -> dict:
     return row
 
 
-HEADER = ["model", "batch x seq", "contender", "step ms", "call us", "busy us",
+HEADER = ["model", "size", "batch x seq", "contender", "step ms", "call us", "busy us",
           "overhead us", "ops per call"] + [f"{c} us" for c in CLASSES]
 
 
 def _cells(row):
     for contender, p in row["profiles"].items():
-        yield [row["model"], row["shape"], contender, f"{row['ms'][contender]:.3g}",
+        yield [row["model"], row["size"], row["shape"], contender, f"{row['ms'][contender]:.3g}",
                f"{p['call']:.0f}", f"{p['busy']:.0f}", f"{p['overhead']:.0f}",
                f"{p['ops']:.0f}"] + [f"{p['classes'][c]:.0f}" for c in CLASSES]
 
@@ -177,10 +178,11 @@ def _cells(row):
 def section(rows, load, source) -> str:
     lines = [BEGIN, "## Small shapes (`benchmarks/small_shapes.py`)", "",
              f"{run_context.machine_line(load)}; {source} at the start.", "",
-             f"`{' '.join(['python benchmarks/small_shapes.py'] + sys.argv[1:])}`. Size set "
-             f"{FLAGS.size}; {FLAGS.calls} profiled calls and {FLAGS.rounds} interleaved "
+             f"`{' '.join(['python benchmarks/small_shapes.py'] + sys.argv[1:])}`. Size sets "
+             f"{', '.join(FLAGS.sizes)}; {FLAGS.calls} profiled calls and {FLAGS.rounds} interleaved "
              "rounds per row. Columns as the script's docstring defines them; fs kernels: "
-             + ", ".join(f"{r['model']} {r['shape']} {r['kernels'][0]} -> {r['kernels'][1]}"
+             + ", ".join(f"{r['model']} {r['size']} {r['shape']} {r['kernels'][0]} -> "
+                         f"{r['kernels'][1]}"
                          for r in rows) + ".", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(cells) + " |" for row in rows for cells in _cells(row)]
@@ -189,18 +191,23 @@ def section(rows, load, source) -> str:
 
 def main(argv):
     del argv
+    unknown = [s for s in FLAGS.sizes if s not in zoo.SIZES]
+    if unknown:
+        raise app.UsageError(f"--sizes: unknown size set(s) {unknown}; known: "
+                             f"{', '.join(zoo.SIZES)}")
     load, source = os.getloadavg()[0], run_context.source_state()
     from tf_fusionstitch.custom_ops import loader
     loader.load()   # the op library is part of the installation, not of a rewrite
     rows = []
     with tempfile.TemporaryDirectory(prefix="small_shapes-cache-") as cache_root:
-        for name in FLAGS.models:
-            for shape in FLAGS.shapes:
-                batch, seq = (int(v) for v in shape.split("x"))
-                row = run_row(name, batch, seq, cache_root)
-                rows.append(row)
-                for cells in _cells(row):
-                    print("  ".join(cells), flush=True)
+        for size in FLAGS.sizes:
+            for name in FLAGS.models:
+                for shape in FLAGS.shapes:
+                    batch, seq = (int(v) for v in shape.split("x"))
+                    row = run_row(name, size, batch, seq, cache_root)
+                    rows.append(row)
+                    for cells in _cells(row):
+                        print("  ".join(cells), flush=True)
     text = section(rows, load, source)
     print(text)
     if FLAGS.out:
