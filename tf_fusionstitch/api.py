@@ -101,11 +101,13 @@ class OptimizedFunction:
         self._background = background.BackgroundRewrite() if options["background"] else None
 
     def __call__(self, *args, **kwargs):
-        if self._background is not None and self._background.pending(
-                lambda: self.prepare(*args, **kwargs)):
-            if not (tf.inside_function() or _symbolic(args, kwargs)):
+        if self._background is not None:
+            if not self._background.pending(lambda: self.prepare(*args, **kwargs)):
+                self._background = None   # ready: calls take the usual path from now on
+            elif not (tf.inside_function() or _symbolic(args, kwargs)):
                 return self._original(*args, **kwargs)
-            self._background.wait()   # an outer trace: build it with the optimized version
+            else:
+                self._background.wait()   # an outer trace: build it with the optimized version
         if not self._options["specialize"]:
             return self._run(self._versions.generic, args, kwargs)
         version = self._versions.ready()
