@@ -18,6 +18,7 @@ from tf_fusionstitch import fusion_ir as ir
 
 ELEMENTWISE, REDUCTION, COMPOSITE, SHAPE = "elementwise", "reduction", "composite", "shape"
 SCATTER = "scatter"
+MOVE = "move"   # moves every element (a transpose): a TF kernel, no arithmetic
 
 
 class NotFusible(ValueError):
@@ -404,6 +405,18 @@ def _reshape_to_output(ctx):
     return [ctx.emit("reshape", [x], out, shape=list(out.shape))]
 
 
+def _transpose(ctx):
+    """Transpose with a constant permutation: an index map inside a kernel."""
+    x = ctx.input(0)
+    perm = [int(p) for p in np.asarray(ctx.constant(1)).reshape(-1)]
+    rank = ctx.type_of(x).rank
+    if sorted(perm) != list(range(rank)):   # TF raises for it at run time
+        raise NotFusible(f"Transpose permutation {perm} is not one of rank {rank}")
+    if perm == list(range(rank)):
+        return _identity(ctx)
+    return [ctx.emit("transpose", [x], ctx.out_type(0), perm=perm)]
+
+
 def _broadcast_to(ctx):
     out = ctx.out_type(0)
     if any(d is None for d in out.shape):
@@ -465,11 +478,12 @@ OP_TABLE: Dict[str, OpRule] = {
     "ExpandDims": OpRule(SHAPE, _reshape_to_output, static_inputs=(1,)),
     "Squeeze": OpRule(SHAPE, _reshape_to_output),
     "BroadcastTo": OpRule(SHAPE, _broadcast_to, static_inputs=(1,)),
+    "Transpose": OpRule(MOVE, _transpose, static_inputs=(1,)),
     "UnsortedSegmentSum": OpRule(SCATTER, _segment_sum, static_inputs=(2,)),
 }
 
 # TF ops that run as one memory-intensive kernel each (the paper's count).
-MEMORY_INTENSIVE_KINDS = (ELEMENTWISE, REDUCTION, COMPOSITE, SCATTER)
+MEMORY_INTENSIVE_KINDS = (ELEMENTWISE, REDUCTION, COMPOSITE, SCATTER, MOVE)
 
 
 def is_memory_intensive(op_type: str) -> bool:

@@ -243,6 +243,23 @@ def test_dynamic_dimensions_broadcast_at_run_time_as_in_tf():
         np.testing.assert_allclose(o, a * z - a.sum(1, keepdims=True), rtol=1e-5, atol=1e-5)
 
 
+def test_transposed_tensors_read_and_write_through_their_strides():
+    """Attention's head split: a bias add written in two transposed layouts
+    (outputs) from an input in a third, at dynamic batch and sequence."""
+    c = ir.Cluster((("x", T("float32", (N, N, 3, 8))), ("b", T("float32", (3, 8)))), (
+        op("y", "add", ["x", "b"], T("float32", (N, N, 3, 8))),
+        op("q", "transpose", ["y"], T("float32", (N, 3, N, 8)), perm=[0, 2, 1, 3]),
+        op("k", "transpose", ["y"], T("float32", (N, 3, 8, N)), perm=[0, 2, 3, 1])),
+        ("q", "k"))
+    rng = np.random.default_rng(10)
+    b = rng.standard_normal((3, 8)).astype(np.float32)
+    for batch, seq in ((2, 5), (1, 1), (3, 70), (0, 4)):
+        x = rng.standard_normal((batch, seq, 3, 8)).astype(np.float32)
+        q, k = emulate(c, [x, b])
+        np.testing.assert_array_equal(q, np.transpose(x + b, (0, 2, 1, 3)))
+        np.testing.assert_array_equal(k, np.transpose(x + b, (0, 2, 3, 1)))
+
+
 # -- the emulation notices broken synchronisation ---------------------------
 
 def _without(monkeypatch, drop):

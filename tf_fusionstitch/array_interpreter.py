@@ -126,6 +126,8 @@ def interpret(cluster: ir.Cluster, xp, special=None) -> Callable[..., tuple]:
                 out = xp.where(*args)
             elif op.prim == "segment_sum":
                 out = _segment_sum(xp, args[0], values[op.inputs[1]], attrs["num_segments"])
+            elif op.prim == "transpose":
+                out = xp.transpose(args[0], attrs["perm"])
             elif op.prim in ir.REDUCE:
                 rank = len(types_[op.inputs[0]].shape)
                 axes = tuple(sorted(a % rank for a in attrs["axes"]))

@@ -47,14 +47,17 @@ TERNARY = ("select",)
 REDUCE = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod",
           "reduce_any", "reduce_all")
 SHAPE_ONLY = ("reshape", "broadcast_to")
+# transpose(x, perm): out dim d is x's dim perm[d]. No arithmetic, but unlike
+# the shape-only ops TF runs it as a kernel that moves every element.
+MOVE = ("transpose",)
 CONSTANT = ("const",)
 # segment_sum(data, ids): out[s] = sum of data[i] over the rows i with ids[i] == s
 # (TF's UnsortedSegmentSum); a cluster with one has a kernel of its own
 # (codegen/scatter.py).
 SCATTER = ("segment_sum",)
-PRIMITIVES = UNARY + BINARY + TERNARY + REDUCE + SHAPE_ONLY + CONSTANT + SCATTER
+PRIMITIVES = UNARY + BINARY + TERNARY + REDUCE + SHAPE_ONLY + MOVE + CONSTANT + SCATTER
 # Inputs each primitive takes.
-_ARITY = {**{p: 1 for p in UNARY + REDUCE + SHAPE_ONLY}, **{p: 2 for p in BINARY + SCATTER},
+_ARITY = {**{p: 1 for p in UNARY + REDUCE + SHAPE_ONLY + MOVE}, **{p: 2 for p in BINARY + SCATTER},
           **{p: 3 for p in TERNARY}, "const": 0}
 
 # Expensive elementwise ops (PAPERS.md op classes): worth buffering rather than
@@ -345,7 +348,7 @@ def infer_type(op: Op, ins: Sequence[TensorType]) -> TensorType:
     arity = _ARITY[op.prim]
     _expect(len(ins) == arity, f"op {op.name}: {op.prim} takes {arity} inputs, got {len(ins)}")
     p = op.prim
-    allowed = {"axes", "keep_dims", "shape", "value", "num_segments"}
+    allowed = {"axes", "keep_dims", "shape", "value", "num_segments", "perm"}
     for k, _ in op.attrs:
         _expect(k in allowed, f"op {op.name}: unknown attribute {k!r:.40}")
     if p == "const":
@@ -395,6 +398,13 @@ def infer_type(op: Op, ins: Sequence[TensorType]) -> TensorType:
         _expect(data.shape[0] is None or ids.shape[0] is None or data.shape[0] == ids.shape[0],
                 f"op {op.name}: {ids.shape[0]} segment ids for {data.shape[0]} rows")
         return TensorType(data.dtype, (n,) + tuple(data.shape[1:]))
+    if p == "transpose":
+        (x,) = ins
+        perm = op.attr("perm")
+        _expect(isinstance(perm, tuple) and all(type(d) is int for d in perm)
+                and sorted(perm) == list(range(x.rank)),
+                f"op {op.name}: perm must be a permutation of 0..{x.rank - 1}")
+        return TensorType(x.dtype, tuple(x.shape[d] for d in perm))
     if p in SHAPE_ONLY:
         (x,) = ins
         target = op.attr("shape")

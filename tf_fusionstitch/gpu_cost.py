@@ -338,7 +338,7 @@ def _reduction_cycles(accs, m) -> float:
 def _stmt_cycles(st, plan, cols: int, in_loop: bool, loop: int) -> float:
     m, kr = plan.mapping, plan.kernel
     if isinstance(st, k.Compute):
-        if st.prim in ("const", "reshape", "broadcast_to"):
+        if st.prim in ("const", "reshape", "broadcast_to", "transpose"):
             return 0.0
         width = 2 if _compute(st.dtype) in ("float64", "int64") or \
             _compute(st.arg_dtype) in ("float64", "int64") else 1

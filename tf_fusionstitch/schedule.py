@@ -117,6 +117,11 @@ def _unify_dims(cluster: ir.Cluster) -> Tuple[Dict[str, list], Dict[str, set]]:
                 od = d if op.attr("keep_dims") else j
                 if live(src, d):
                     uf.union((op.name, od), (src, d))
+        elif op.prim == "transpose":
+            src = op.inputs[0]
+            for d, p in enumerate(op.attr("perm")):
+                if live(src, p):
+                    uf.union((src, p), (op.name, d))
         elif op.prim == "reshape":
             src = op.inputs[0]
             a = [d for d in range(types[src].rank) if live(src, d)]
@@ -181,8 +186,14 @@ def _merge_equivalent_axes(cluster, dims, reduced_classes):
     return new_dims, new_reduced
 
 
-def _order_axes(dims: Dict[str, list]) -> list:
-    """A total order of the axis classes consistent with every value's layout."""
+def _order_axes(dims: Dict[str, list], transposed: bool = False) -> list:
+    """A total order of the axis classes consistent with every value's layout.
+
+    With `transposed` (the cluster has transposes), values may disagree: the
+    order follows the values in `dims`' order (the largest first, outputs
+    before other values of a rank) as far as each agrees with those before
+    it, so the outputs are written in order and the other tensors are read
+    through their own strides."""
     succ: dict = {}
     indeg: dict = {}
     first_seen: dict = {}
@@ -194,10 +205,12 @@ def _order_axes(dims: Dict[str, list]) -> list:
             first_seen.setdefault(c, len(first_seen))
             succ.setdefault(c, set())
             indeg.setdefault(c, 0)
-        for a, b in zip(present, present[1:]):
-            if b not in succ[a]:
-                succ[a].add(b)
-                indeg[b] += 1
+        edges = [(a, b) for a, b in zip(present, present[1:]) if b not in succ[a]]
+        if transposed and any(_reaches(succ, b, a) for a, b in edges):
+            continue   # a layout the order so far contradicts: read by strides
+        for a, b in edges:
+            succ[a].add(b)
+            indeg[b] += 1
     # Kahn's algorithm, ties broken by the largest values' order (first seen).
     ready = sorted((c for c in indeg if indeg[c] == 0), key=first_seen.get)
     order = []
@@ -213,6 +226,19 @@ def _order_axes(dims: Dict[str, list]) -> list:
         raise UnsupportedCluster("tensors in the cluster disagree on the order of their axes "
                                  "(a transposed layout)")
     return order
+
+
+def _reaches(succ: dict, start, goal) -> bool:
+    """Is `goal` reachable from `start` along `succ`? (a worklist)"""
+    stack, seen = [start], set()
+    while stack:
+        c = stack.pop()
+        if c == goal:
+            return True
+        if c not in seen:
+            seen.add(c)
+            stack.extend(succ.get(c, ()))
+    return False
 
 
 def _static_extents(cluster: ir.Cluster, dim_axes: Dict[str, tuple], n: int) -> list:
@@ -245,11 +271,12 @@ def build_schedule(cluster: ir.Cluster) -> Schedule:
     raw_dims, reduced_classes = _unify_dims(cluster)
     ordered_names = _largest_values_first(cluster)
     merged_dims, merged_reduced = _merge_equivalent_axes(cluster, raw_dims, reduced_classes)
+    transposed = any(op.prim in ir.MOVE for op in cluster.ops)
     try:
-        order = _order_axes({n: merged_dims[n] for n in ordered_names})
+        order = _order_axes({n: merged_dims[n] for n in ordered_names}, transposed)
         raw_dims, reduced_classes = merged_dims, merged_reduced
     except UnsupportedCluster:
-        order = _order_axes({n: raw_dims[n] for n in ordered_names})
+        order = _order_axes({n: raw_dims[n] for n in ordered_names}, transposed)
     index = {c: i for i, c in enumerate(order)}
     dim_axes = {n: tuple(None if c is None else index[c] for c in cl) for n, cl in raw_dims.items()}
     n = len(order)
@@ -259,6 +286,9 @@ def build_schedule(cluster: ir.Cluster) -> Schedule:
     if len(reduce_sets) > 1:
         raise UnsupportedCluster("reductions over different axes in one cluster")
     tiled = not reduce_sets
+    if transposed and not tiled:
+        raise UnsupportedCluster("a transpose in a cluster that reduces (transposes fuse "
+                                 "with elementwise ops only)")
     axes_of = {v: frozenset(a for a in dim_axes[v] if a is not None) for v in types}
     maybe = _maybe_broadcast(cluster, dim_axes, static_extent)
     pinned = frozenset(a for _, a in maybe)
@@ -298,7 +328,7 @@ def build_schedule(cluster: ir.Cluster) -> Schedule:
     hoisted = _hoistable(cluster, axes_of, frozenset(range(n)) - col_axes, is_col, reductions)
     buffered = _choose_buffers(cluster, is_col, phase, reductions) - hoisted
     forward = [(j, i) for j, i in
-               _forwardable(cluster, types, axes_of, is_col, phase, num_loops, n)
+               _forwardable(cluster, types, axes_of, is_col, phase, num_loops, n, dim_axes)
                if not any(k == i for k, _ in maybe)]
     return Schedule(cluster, n, static_extent, col_axes, groups, dim_axes, is_col, phase,
                     num_loops, buffered, tiled, reductions, hoisted, forward, maybe)
@@ -353,18 +383,28 @@ def _check_outputs_follow_their_inputs(cluster, dim_axes, static_extent, maybe) 
 def _coalesce(cluster, dim_axes, order, col_axes, pinned=frozenset()) -> List[AxisGroup]:
     """Merge adjacent axes of the same kind that every tensor spans alike;
     `pinned` axes (run-time broadcast possible) stay alone."""
-    presence = [frozenset(a for a in axes if a is not None) for axes in dim_axes.values()]
+    layouts = [[a for a in axes if a is not None] for axes in dim_axes.values()]
+    presence = [frozenset(layout) for layout in layouts]
     groups: List[AxisGroup] = []
     for a in order:
         kind = a in col_axes
         if groups and groups[-1].is_col == kind and a not in pinned \
                 and groups[-1].axes[-1] not in pinned:
             prev = groups[-1].axes[-1]
-            if all((a in p) == (prev in p) for p in presence):
+            if all((a in p) == (prev in p) for p in presence) and all(
+                    _next_to(layout, prev, a) for layout, p in zip(layouts, presence)
+                    if prev in p):
                 groups[-1] = AxisGroup(groups[-1].axes + (a,), kind)
                 continue
         groups.append(AxisGroup((a,), kind))
     return groups
+
+
+def _next_to(layout: list, prev, a) -> bool:
+    """Does axis `a` follow `prev` directly in this layout? (a transpose can
+    move axes apart that are adjacent in the iteration order)"""
+    i = layout.index(prev) + 1
+    return i < len(layout) and layout[i] == a
 
 
 def _assign_phases(cluster: ir.Cluster, is_col: Dict[str, bool],
@@ -441,9 +481,15 @@ def _choose_buffers(cluster, is_col, phase, reductions) -> frozenset:
     return frozenset(buffered)
 
 
-def _forwardable(cluster, types, axes_of, is_col, phase, num_loops, n) -> List[Tuple[int, int]]:
-    """An input buffer may become an output when both span every axis with the
-    same dtype and the output is written in the last loop: by then every read of
+def _layout(axes: tuple) -> tuple:
+    """A value's iteration axes in its memory order (outer to inner)."""
+    return tuple(a for a in axes if a is not None)
+
+
+def _forwardable(cluster, types, axes_of, is_col, phase, num_loops, n,
+                 dim_axes) -> List[Tuple[int, int]]:
+    """An input buffer may become an output when both span every axis in the
+    same memory order with the same dtype and the output is written in the last loop: by then every read of
     that input element has happened (reads precede the store in each iteration,
     and work items touch disjoint rows)."""
     full = frozenset(range(n))
@@ -452,6 +498,7 @@ def _forwardable(cluster, types, axes_of, is_col, phase, num_loops, n) -> List[T
         if axes_of[o] != full or not is_col[o] or phase[o] != num_loops - 1:
             continue
         for i, (name, t) in enumerate(cluster.inputs):
-            if axes_of[name] == full and t.dtype == types[o].dtype:
+            if axes_of[name] == full and t.dtype == types[o].dtype \
+                    and _layout(dim_axes[name]) == _layout(dim_axes[o]):
                 pairs.append((j, i))
     return pairs

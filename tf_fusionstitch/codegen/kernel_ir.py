@@ -81,6 +81,16 @@ class Tensor:
     is_output: bool
     bcast: dict = dataclasses.field(default_factory=dict)  # group -> ext index of its
     # run-time broadcast flag (1: this dynamic dimension is 1 and the axis is not)
+    layout: tuple = ()   # its groups in memory order, outer to inner (a transposed
+    # tensor's differs from `groups`, which is in iteration order); () means `groups`
+
+    def memory_order(self) -> tuple:
+        return self.layout or self.groups
+
+    def inner_groups(self, g: int) -> tuple:
+        """The groups laid out inside group g: its stride is their extents' product."""
+        order = self.memory_order()
+        return order[order.index(g) + 1:]
 
 
 @dataclasses.dataclass
@@ -130,8 +140,13 @@ def lower(s: Schedule, lanes: int = 0) -> Kernel:
     def groups_of(value):
         return tuple(sorted({group_index[a] for a in s.axes_of(value)}))
 
-    tensors = [Tensor(n, t.dtype, groups_of(n), False) for n, t in c.inputs]
-    tensors += [Tensor(o, types[o].dtype, groups_of(o), True) for o in c.outputs]
+    def layout_of(value):
+        order = tuple(dict.fromkeys(group_index[a] for a in s.dim_axes[value] if a is not None))
+        return () if order == groups_of(value) else order
+
+    tensors = [Tensor(n, t.dtype, groups_of(n), False, layout=layout_of(n)) for n, t in c.inputs]
+    tensors += [Tensor(o, types[o].dtype, groups_of(o), True, layout=layout_of(o))
+                for o in c.outputs]
     for k, (i, axis) in enumerate(s.maybe_broadcast):
         tensors[i].bcast[group_index[axis]] = s.num_axes + k
     input_index = {n: i for i, (n, _) in enumerate(c.inputs)}

@@ -271,8 +271,9 @@ def expression(st: k.Compute, target: Target, cast_fn=None) -> str:
         return _literal(dict(st.attrs)["value"], st.dtype, target.limits)
     if st.prim == "cast":
         return (cast_fn or cast)(st.args[0], st.arg_dtype, st.dtype)
-    if st.prim in ir.REDUCE or st.prim in ir.SHAPE_ONLY:
-        return st.args[0]  # reduce over size-1 dims, reshape, broadcast: identity
+    if st.prim in ir.REDUCE or st.prim in ir.SHAPE_ONLY + ir.MOVE:
+        return st.args[0]  # reduce over size-1 dims, reshape, broadcast, transpose: the
+        # tensors' strides do the indexing
     tmpl = _EXPR[st.prim]
     if isinstance(tmpl, dict):
         tmpl = tmpl["float" if cls in ("f32", "f64") else "int"]
@@ -375,7 +376,7 @@ class _Printer:
     def col_term(self, tensor: int, g: int) -> str:
         var = f"c{g}"
         tn = self.k.tensors[tensor]
-        inner = [h for h in tn.groups if h > g]
+        inner = tn.inner_groups(g)
         return var if not inner and g not in tn.bcast else f"{var} * s{tensor}_{g}"
 
     # -- statements --------------------------------------------------------
@@ -489,7 +490,7 @@ class _Printer:
             e(f"const int64_t g{g} = " + " * ".join(factors) + ";", indent)
         for i, tn in enumerate(kr.tensors):
             for g in tn.groups:
-                inner = [h for h in tn.groups if h > g]
+                inner = tn.inner_groups(g)
                 if g in kr.row_groups or inner or g in tn.bcast:  # unit stride prints as c{g}
                     # A dimension broadcast at run time has stride 0 and extent 1.
                     factors = [f"(ext[{tn.bcast[h]}] ? 1 : g{h})" if h in tn.bcast else f"g{h}"

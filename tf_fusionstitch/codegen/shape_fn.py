@@ -28,7 +28,7 @@ COST_SCALE = 64
 BYTE_COST = 11
 _LIGHT_COST = 8
 _EXPENSIVE_COST = 160
-_FREE = ("reshape", "broadcast_to", "const")
+_FREE = ("reshape", "broadcast_to", "transpose", "const")
 
 
 def element_cost(statements) -> int:

@@ -254,6 +254,10 @@ def node_type(node, ins) -> tuple:
         target = tuple(a["shape"])
         need(_broadcast(shapes[0], target) == target, "BroadcastTo target")
         return dts[0], target
+    if op == "Transpose":
+        perm = list(a["perm"])
+        need(sorted(perm) == list(range(len(shapes[0]))), "Transpose permutation")
+        return dts[0], tuple(shapes[0][i] for i in perm)
     raise CaseError(f"unknown op {op}")
 
 
@@ -388,6 +392,8 @@ def build_outputs(case, args: Sequence) -> list:
             y = raw.Squeeze(input=xs[0], axis=list(a["axis"]))
         elif op == "BroadcastTo":
             y = raw.BroadcastTo(input=xs[0], shape=tf.constant(a["shape"], tf.int32))
+        elif op == "Transpose":
+            y = raw.Transpose(x=xs[0], perm=tf.constant(a["perm"], tf.int32))
         else:
             raise CaseError(f"unknown op {op}")
         env[node["name"]] = y
@@ -709,6 +715,8 @@ class _Gen:
                                         replace=False).tolist())
             self.emit("Squeeze", [x], {"axis": [int(a) - (len(s) if self.chance(.3) else 0)
                                                 for a in axes]})
+        elif k < .8 and len(s) >= 2:
+            self.emit("Transpose", [x], {"perm": [int(i) for i in self.r.permutation(len(s))]})
         elif k < .9:
             t = [e for e in s if e != 1]
             for _ in range(int(self.r.integers(0, 3))):
@@ -1429,6 +1437,9 @@ class _Oracle:
             shape = tuple(a["shape"])
             return Iv(d, np.broadcast_to(x.lo, shape).copy(), np.broadcast_to(x.hi, shape).copy(),
                       np.broadcast_to(x.unk, shape).copy())
+        elif op == "Transpose":
+            perm = list(a["perm"])
+            return Iv(d, x.lo.transpose(perm), x.hi.transpose(perm), x.unk.transpose(perm))
         else:
             raise CaseError(f"oracle: unknown op {op}")
         return Iv(d, x.lo.reshape(shape), x.hi.reshape(shape), x.unk.reshape(shape))
@@ -2365,6 +2376,8 @@ def to_python(case: dict, draw: int = 0) -> str:
             call = f"raw.ExpandDims(input={refs[0]}, axis={a['axis']})"
         elif op == "Squeeze":
             call = f"raw.Squeeze(input={refs[0]}, axis={a['axis']})"
+        elif op == "Transpose":
+            call = f"raw.Transpose(x={refs[0]}, perm={a['perm']})"
         else:
             call = f"raw.BroadcastTo(input={refs[0]}, shape={a['shape']})"
         lines.append(f"    {node['name']} = {call}")
