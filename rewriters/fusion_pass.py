@@ -27,11 +27,11 @@ from typing import Callable, Dict, List, Optional, Set
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.report import ClusterReport
-from tf_fusionstitch.rewriters import (call_dims, clustering, decided_shapes, explore,
-                                       function_bodies, function_graphs, loop_gradients,
-                                       op_table, packing, recurrences, remapper_epilogues,
-                                       slice_gradients,
-                                       variable_updates, xla_like)
+from tf_fusionstitch.rewriters import (call_dims, clustering, decided_shapes, einsum_matmul,
+                                       explore, function_bodies, function_graphs,
+                                       loop_gradients, op_table, packing, recurrences,
+                                       remapper_epilogues, slice_gradients, variable_updates,
+                                       xla_like)
 from tf_fusionstitch.rewriters.clustering import fusible_nodes
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.kernel_count import memory_intensive_kernels
@@ -262,6 +262,9 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
         graph_def, types, _ = slice_gradients.concat_tiled_slice_gradients(
             graph_def, types, analyses.origins(graph_def, types, assumed),
             analyses.view(graph_def, types))
+    if einsum_matmul.candidates(graph_def):   # their transposes may then fuse
+        graph_def, types, _ = einsum_matmul.rewrite(
+            graph_def, types, lambda g, t: analyses.origins(g, t, assumed))
     if fusion == "xla_like":
         graph_def, types = xla_like.expand_softmax(graph_def, types)
     # What is proven of the graph's dynamic sizes: kernels learn which of
