@@ -326,8 +326,8 @@ class OptimizedFunction:
         graph_def = graph.as_graph_def()
         outputs = [t.name for t in concrete.outputs]
         control = [op.name for op in graph.control_outputs]
-        hints = {t.name: tf.TensorSpec(t.shape, t.dtype)
-                 for op in graph.get_operations() for t in op.outputs}
+        # (dtype, shape) per tensor; TensorSpecs, 5x dearer, only if we rewrite
+        known = {t.name: (t.dtype, t.shape) for op in graph.get_operations() for t in op.outputs}
         costs, costs_source = None, self._options["costs"]
         if self._options["fusion"] == "explore":
             costs, costs_source = (cpu_costs.for_this_machine() if costs_source == "calibrated"
@@ -342,8 +342,8 @@ class OptimizedFunction:
             key = rewrite_cache.make_key(
                 names.canonical(graph_def).SerializeToString(deterministic=True), outputs,
                 control,
-                "\n".join(f"{name} {spec.dtype.name} {spec.shape}"
-                          for name, spec in sorted(hints.items())),
+                "\n".join(f"{name} {dtype.name} {shape}"
+                          for name, (dtype, shape) in sorted(known.items())),
                 options, f"{tf.__version__} {tf.version.GIT_VERSION}")
             entry = rewrite_cache.load(key, self._register,
                                        timeout=self._options["compile_timeout"],
@@ -356,6 +356,7 @@ class OptimizedFunction:
                 return entry.graph_def, entry.output_names, report
         if self._options["grappler"]:
             graph_def = grappler.run_grappler(graph_def, graph, outputs + control)
+        hints = {name: tf.TensorSpec(shape, dtype) for name, (dtype, shape) in known.items()}
         types = shapes.infer_types(graph_def, hints)
         equalities = decided_shapes.InputEqualities(inputs.allowed)
         fetches = set()
