@@ -17,11 +17,16 @@ Times are microseconds. Op events are the executor's "node:Type" events; op time
 overlap when two threads run ops at once, so classes may add up to more than busy,
 a class's union never does.
 
+With xla_runs=True an XLA executable that a graph op runs (CpuExecutable's
+ExecuteAsyncOnStream event: a nested tf.function(jit_compile=True), such as Keras's
+grouped convolution, run by an asynchronous call op that has no "node:Type" event of
+its own) counts as an op of type XLA_RUN; by default such time is overhead.
+
 op_class is small_shapes.py's classing (its matmul class is MATMUL_OPS);
 contraction_class classes every contraction TF's oneDNN build runs (CONTRACTIONS:
-MATMUL_OPS and the _MklNative* and other fused forms that MATMUL_OPS lacks) against
-everything else, and fusion_ceiling is call over that matmul class's union
-(zoo_ceiling.py).
+MATMUL_OPS and the _MklNative* and other fused forms that MATMUL_OPS lacks) and XLA_RUN
+as "matmul", against everything else, and fusion_ceiling is call over that class's
+union (zoo_ceiling.py).
 """
 
 import collections
@@ -29,6 +34,7 @@ import glob
 import math
 import os
 import pathlib
+import shutil
 import tempfile
 
 import tensorflow as tf
@@ -59,6 +65,8 @@ CONTRACTIONS = frozenset(MATMUL_OPS | {
     "_MklPadWithFusedConv2D", "FusedPadConv2D", "FusedResizeAndPadConv2D", "Conv3D",
     "_FusedConv3D", "_MklConv3D"})
 CONTRACTION_CLASSES = ("matmul", "other")
+XLA_RUN_EVENT = "CpuExecutable::ExecuteAsyncOnStream"
+XLA_RUN = "XlaExecutable"   # the op type breakdown(xla_runs=True) gives XLA_RUN_EVENT
 
 
 def op_class(op_type: str) -> str:
@@ -74,7 +82,9 @@ def op_class(op_type: str) -> str:
 
 
 def contraction_class(op_type: str) -> str:
-    return "matmul" if op_type in CONTRACTIONS else "other"
+    """"matmul" for a contraction or an XLA executable (XLA_RUN: code that a
+    rewrite of the graph's ops leaves alone), else "other"."""
+    return "matmul" if op_type in CONTRACTIONS or op_type == XLA_RUN else "other"
 
 
 def fusion_ceiling(split: dict) -> float:
@@ -105,10 +115,11 @@ def _union_length(intervals) -> int:
 
 
 def breakdown(space: xplane_pb2.XSpace, calls: int, classify=op_class,
-              classes=CLASSES) -> dict:
+              classes=CLASSES, xla_runs: bool = False) -> dict:
     """Per-call microseconds of a profile of `calls` calls (see the module docstring),
     with op types classed by `classify` into `classes`; also "types": the sum of
-    op times per op type, per call."""
+    op times per op type, per call. xla_runs: XLA_RUN_EVENT events are ops of type
+    XLA_RUN."""
     run_ps, ops, by_class = 0, [], collections.Counter()
     by_type, spans = collections.Counter(), collections.defaultdict(list)
     for plane in space.planes:
@@ -121,7 +132,7 @@ def breakdown(space: xplane_pb2.XSpace, calls: int, classify=op_class,
                 if name == CALL_EVENT:
                     run_ps += event.duration_ps
                     continue
-                op_type = _op_type(name)
+                op_type = XLA_RUN if xla_runs and name == XLA_RUN_EVENT else _op_type(name)
                 if op_type is None:
                     continue
                 start = base + event.offset_ps
@@ -149,7 +160,8 @@ def read_space(directory: str) -> xplane_pb2.XSpace:
 
 def profile(fn, args, calls: int, **breakdown_args) -> dict:
     """breakdown() of `calls` calls of fn(*args) under the profiler, each call and the
-    copy of its results to numpy inside one CALL_EVENT."""
+    copy of its results to numpy inside one CALL_EVENT. The profile's files are
+    removed once read."""
     directory = tempfile.mkdtemp(prefix="small_shapes-")
     tf.profiler.experimental.start(directory)
     try:
@@ -158,4 +170,7 @@ def profile(fn, args, calls: int, **breakdown_args) -> dict:
                 tf.nest.map_structure(lambda t: t.numpy(), fn(*args))
     finally:
         tf.profiler.experimental.stop()
-    return breakdown(read_space(directory), calls, **breakdown_args)
+    try:
+        return breakdown(read_space(directory), calls, **breakdown_args)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -7,19 +7,27 @@ could get if only the matmul-class kernels cost anything (issue 28).
 
 tf_fusionstitch never changes a matmul-class op (MatMul, BatchMatMul, Einsum, Conv2D,
 DepthwiseConv2dNative and their remapper-fused and oneDNN forms: op_profile.CONTRACTIONS):
-they stay TF's oneDNN kernels. So a call under fs still takes at least the wall time
-during which some matmul-class op runs. For each zoo model this script profiles --calls
-calls of TF's own `model.inference` (op_profile.py; the zoo's batches: --batch images,
---batch x --seq tokens, as benchmarks/zoo.py times them) and reports
+they stay TF's oneDNN kernels. Nor does it change what a nested jit_compile function
+runs: Keras's grouped convolutions (ConvNeXt's depthwise 7x7 convolutions) are such
+functions, one XLA executable each (op_profile.XLA_RUN), also counted as matmul-class
+here. So a call under fs still takes at least the wall time during which some
+matmul-class op runs. For each zoo model this script profiles --calls
+calls of TF's own `model.inference` one at a time (op_profile.py; the zoo's batches:
+--batch images, --batch x --seq tokens, as benchmarks/zoo.py times them), takes the call
+of the median ceiling, and reports for it
 
   call         the call and the copy of its results, as the profiled caller sees it;
-  matmul       the union of matmul-class op intervals over all threads, per call;
+  matmul       the union of matmul-class op intervals over all threads;
+  idle         the share of the call during which no op at all runs (executor overhead;
+               a large one would also hide ops the profile does not name);
   ceiling      call / matmul: TF's time over fs's if every other op, and all of the
-               executor's dispatch and scheduling, cost nothing;
+               executor's dispatch and scheduling, cost nothing; (range): the lowest
+               and highest of the --calls calls' ceilings;
   TF ms        the median over --rounds calls without the profiler, beside the profiled
                call to show what the profiler adds;
-  fs matmul    with --fs: the matmul union of tf_fusionstitch.optimize(model.inference),
-               profiled the same way: it should match TF's, fs leaving matmuls alone;
+  fs matmul    with --fs: the median matmul union of --calls profiled calls of
+               tf_fusionstitch.optimize(model.inference): it should match TF's, fs
+               leaving matmuls alone;
   fs vs TF     with --fs: TF's time over fs's, the median over --rounds interleaved rounds
                (rounds.py) on this machine; (zoo table): the median ratio of the zoo
                section of --zoo_results (benchmarks/zoo.py), possibly another machine;
@@ -37,8 +45,13 @@ Caveats. It is an upper bound for fusion alone, not an estimate:
     the remapper, so their epilogues are counted as not removable;
   - an op running on another thread while a matmul runs is counted as free (only the
     matmul union counts), although fs would still have to run it;
-  - call and matmul come from the same profiled calls; the profiler adds a little to
-    each op event (so to `call`, hardly to the kernels), which raises the ceiling a bit.
+  - a nested jit_compile function's XLA executable counts as matmul-class as a whole,
+    the few element-wise ops XLA runs around its convolution included: fs cannot
+    change them either;
+  - call and matmul come from the same profiled calls, so the machine's load drifts out
+    of the ratio; the profiler slows every op event a little, the many small
+    non-matmul ops most, which raises the ceiling a bit (TF ms beside the profiled
+    call shows how much the profiler adds in all).
 A model whose fs vs TF exceeds its ceiling means the metric misses something (a
 matmul-class op type not in op_profile.CONTRACTIONS, or matmuls that fs's graph runs
 differently); the notes list matmul-like op types that are not in the class.
@@ -140,23 +153,32 @@ def run_row(name: str, cache_root: str) -> dict:
             for _ in range(1 + FLAGS.warmup):
                 fn(*args)
             stage = f"{label} profile"
-            splits[label] = op_profile.profile(fn, args, FLAGS.calls,
-                                               classify=op_profile.contraction_class,
-                                               classes=op_profile.CONTRACTION_CLASSES)
+            splits[label] = [op_profile.profile(fn, args, 1,
+                                                classify=op_profile.contraction_class,
+                                                classes=op_profile.CONTRACTION_CLASSES,
+                                                xla_runs=True)
+                             for _ in range(FLAGS.calls)]
         stage = "timing"
         times, _ = rounds.time_rounds(calls, args, FLAGS.rounds, 0)
         row["ms"] = 1e3 * statistics.median(times["TF"])
         if FLAGS.fs:
-            row["fs_split"] = splits["fs"]
+            row["fs_matmul"] = statistics.median(x["unions"]["matmul"] for x in splits["fs"])
             row["ratio"] = rounds.ratio_summary(times["TF"], times["fs"])[0][1]
             report = calls["fs"].report()
             row["kernels"] = (report.kernels_before, report.kernels_after)
-        split = row["split"] = splits["TF"]
+        # each call profiled alone: the call of the median ceiling, and the range
+        ceilings = sorted((op_profile.fusion_ceiling(x), i) for i, x in enumerate(splits["TF"]))
+        split = row["split"] = splits["TF"][ceilings[len(ceilings) // 2][1]]
         row["ceiling"] = op_profile.fusion_ceiling(split)
+        row["range"] = (ceilings[0][0], ceilings[-1][0])
         missed = sorted(t for t in split["types"] if MATMUL_LIKE.search(t)
                         and t not in op_profile.CONTRACTIONS)
         if missed:
             row["notes"].append("matmul-like op types counted as other: " + ", ".join(missed))
+        if op_profile.XLA_RUN in split["types"]:
+            row["notes"].append(
+                f"{100 * split['types'][op_profile.XLA_RUN] / split['call']:.0f}% of TF's call "
+                "in XLA executables of nested jit_compile functions (matmul-class here)")
         if row["ceiling"] == math.inf:
             row["notes"].append("no matmul-class op ran: left out of the geometric mean")
         print(f"    {_line(row)}", flush=True)
@@ -169,7 +191,7 @@ def run_row(name: str, cache_root: str) -> dict:
 def _top_other(split, n=3):
     """The n op types of most time outside the matmul class, as shares of the call."""
     others = sorted(((us, t) for t, us in split["types"].items()
-                     if t not in op_profile.CONTRACTIONS), reverse=True)[:n]
+                     if op_profile.contraction_class(t) != "matmul"), reverse=True)[:n]
     return ", ".join(f"{t} {100 * us / split['call']:.0f}%" for us, t in others) or "none"
 
 
@@ -178,13 +200,13 @@ def _line(row):
     return (f"{row['model']} {row['batch']}: call {s['call'] / 1e3:.1f} ms, matmul union "
             f"{s['unions']['matmul'] / 1e3:.1f} ms, ceiling {row['ceiling']:.3f}x "
             f"(TF ms {row['ms']:.1f} without the profiler)"
-            + (f"; fs matmul union {row['fs_split']['unions']['matmul'] / 1e3:.1f} ms, fs vs "
+            + (f"; fs matmul union {row['fs_matmul'] / 1e3:.1f} ms, fs vs "
                f"TF {row['ratio']:.3f}x" if "ratio" in row else ""))
 
 
-HEADER = ["model", "batch", "TF ms", "call ms", "matmul ms", "matmul share", "ops per call",
-          "ceiling", "fs matmul ms", "fs vs TF", "fs vs TF (zoo table)", "fs / ceiling",
-          "largest other op types"]
+HEADER = ["model", "batch", "TF ms", "call ms", "matmul ms", "matmul share", "idle",
+          "ops per call", "ceiling (range)", "fs matmul ms", "fs vs TF", "fs vs TF (zoo table)",
+          "fs / ceiling", "largest other op types"]
 
 
 def _fs_ratio(row, ratios):
@@ -199,9 +221,10 @@ def _cells(row, ratios):
     here, table, ratio = row.get("ratio"), ratios.get(row["model"]), _fs_ratio(row, ratios)
     return [row["model"], row["batch"], f"{row['ms']:.4g}", f"{s['call'] / 1e3:.4g}",
             f"{s['unions']['matmul'] / 1e3:.4g}",
-            f"{100 * s['unions']['matmul'] / s['call']:.0f}%", f"{s['ops']:.0f}",
-            f"{ceiling:.3f}x",
-            f"{row['fs_split']['unions']['matmul'] / 1e3:.4g}" if "fs_split" in row else "n/a",
+            f"{100 * s['unions']['matmul'] / s['call']:.0f}%",
+            f"{100 * s['overhead'] / s['call']:.0f}%", f"{s['ops']:.0f}",
+            f"{ceiling:.3f}x ({row['range'][0]:.3f}-{row['range'][1]:.3f})",
+            f"{row['fs_matmul'] / 1e3:.4g}" if "fs_matmul" in row else "n/a",
             f"{here:.3f}x" if here else "n/a", f"{table:.2f}x" if table else "n/a",
             f"{100 * ratio / ceiling:.0f}%" if ratio and ceiling != math.inf else "n/a",
             _top_other(s)]
@@ -243,7 +266,8 @@ def markdown(rows, ratios, load, seconds, source, during):
              + (" and of fs's" if FLAGS.fs else "") + f" after {1 + FLAGS.warmup} untimed "
              f"ones, then {FLAGS.rounds} timed rounds without the profiler. Columns as the "
              "script's docstring defines them: TF ms without the profiler; call and matmul "
-             "(the union of matmul-class op intervals) per profiled call; ceiling = call / "
+             "(the union of matmul-class op intervals) of the profiled call of the median "
+             "ceiling; idle: share of the call with no op running; ceiling = call / "
              "matmul, TF's time over fs's if everything but the matmul-class kernels cost "
              "nothing (an upper bound for fusion alone); fs matmul and fs vs TF (median over "
              "rounds) of this run, where --fs; fs vs TF (zoo table) from the zoo section; "

@@ -5,7 +5,8 @@ some matmul-class op runs.
 A hand-built profile checks the arithmetic (overlapping matmuls on two threads
 count once, other ops and the runtime's own events not at all, per call); a
 small function profiled for real checks that TF's oneDNN contractions land in
-the matmul class under the names this TF build gives them.
+the matmul class under the names this TF build gives them. XLA executables of
+nested jit_compile functions count as matmul-class only when asked.
 """
 
 import math
@@ -75,6 +76,24 @@ def test_ceiling_of_a_synthetic_profile():
     assert legacy["call"] == split["call"] and legacy["busy"] == split["busy"]
 
 
+def test_xla_executables_of_nested_functions_count_as_matmul_class_when_asked():
+    # ConvNeXt's grouped convolutions: an async call op (no "node:Type" event) whose
+    # XLA executable runs the convolution; by default only an op event counts
+    space = _space([(0, [(op_profile.CALL_EVENT, 0, 100), ("a:_MklMatMul", 0, 10),
+                         ("ExecutorState::ProcessAsync::Start", 20, 70),
+                         (op_profile.XLA_RUN_EVENT, 22, 68), ("convolution.1", 23, 60),
+                         ("b:Mul", 70, 80)])])
+    plain = _split(space, calls=1)
+    assert plain["unions"]["matmul"] == 10 and plain["busy"] == 20
+    assert op_profile.fusion_ceiling(plain) == 10.0
+    runs = op_profile.breakdown(space, 1, classify=op_profile.contraction_class,
+                                classes=op_profile.CONTRACTION_CLASSES, xla_runs=True)
+    assert runs["unions"]["matmul"] == 56 and runs["busy"] == 66   # 10 + 46 (22..68)
+    assert runs["types"][op_profile.XLA_RUN] == 46 and runs["ops"] == 3
+    assert op_profile.fusion_ceiling(runs) == 100 / 56
+    assert op_profile.breakdown(space, 1)["busy"] == 20   # small_shapes.py's default
+
+
 def test_no_matmul_gives_an_infinite_ceiling():
     space = _space([(0, [(op_profile.CALL_EVENT, 0, 10), ("a:Relu", 1, 3)])])
     assert op_profile.fusion_ceiling(_split(space, calls=1)) == math.inf
@@ -105,3 +124,23 @@ def test_a_real_profile_puts_the_contractions_in_the_matmul_class():
     assert 0 < split["unions"]["matmul"] < split["call"], split
     assert split["unions"]["other"] > 0, split          # relu, tanh, exp, reductions
     assert op_profile.fusion_ceiling(split) == split["call"] / split["unions"]["matmul"] > 1
+
+
+def test_a_nested_jit_compile_function_shows_as_an_xla_run():
+    rng = np.random.default_rng(0)
+    kernel = tf.constant(rng.standard_normal((3, 3, 1, 16)), tf.float32)
+
+    @tf.function(jit_compile=True)
+    def grouped(image):   # as Keras runs a grouped convolution: 16 groups of 1 channel
+        return tf.nn.conv2d(image, kernel, 1, "SAME")
+
+    @tf.function
+    def fn(image):
+        return tf.nn.relu(grouped(image * 2.0))
+
+    args = [tf.constant(rng.standard_normal((2, 32, 32, 16)), tf.float32)]
+    fn(*args)
+    split = op_profile.profile(fn, args, 3, classify=op_profile.contraction_class,
+                               classes=op_profile.CONTRACTION_CLASSES, xla_runs=True)
+    assert split["types"].get(op_profile.XLA_RUN, 0) > 0, split["types"]
+    assert split["unions"]["matmul"] >= split["types"][op_profile.XLA_RUN], split
