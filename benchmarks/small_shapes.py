@@ -22,8 +22,6 @@ than busy. Profiling costs a few microseconds per event; step times come from
 interleaved rounds without the profiler, as in benchmarks/zoo.py.
 """
 
-import collections
-import glob
 import os
 import pathlib
 import statistics
@@ -36,9 +34,9 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
-import results_md  # noqa: E402  (benchmarks/ is first on sys.path)
+from op_profile import CLASSES, profile  # noqa: E402  (benchmarks/ is first on sys.path)
+import results_md  # noqa: E402
 import rounds  # noqa: E402
 import run_context  # noqa: E402
 
@@ -49,17 +47,6 @@ from benchmarks import zoo  # noqa: E402
 import tf_fusionstitch as fs  # noqa: E402
 
 BEGIN, END = "<!-- small_shapes:begin -->", "<!-- small_shapes:end -->"
-MATMUL_OPS = {"MatMul", "_MklMatMul", "_FusedMatMul", "_MklFusedMatMul", "BatchMatMul",
-              "BatchMatMulV2", "BatchMatMulV3", "_MklBatchMatMulV2", "Einsum", "_MklEinsum",
-              "Conv2D", "_MklConv2D", "_FusedConv2D", "_MklFusedConv2D",
-              "DepthwiseConv2dNative", "_MklDepthwiseConv2dNative"}
-SHAPE_OPS = {"Shape", "ShapeN", "Reshape", "_MklReshape", "StridedSlice", "Pack", "Unpack",
-             "ConcatV2", "Const", "Identity", "IdentityN", "ExpandDims", "Squeeze", "Fill",
-             "Range", "Size", "Rank", "ZerosLike", "OnesLike", "Placeholder", "NoOp",
-             "ReadVariableOp", "_Arg", "_Retval"}
-XLA_OPS = {"_XlaRun", "_XlaCompile", "XlaLaunch", "_XlaMerge"}
-CALL_EVENT = "small_shapes.call"   # our own event around each call and its results
-CLASSES = ("matmul", "FusionStitch", "XLA cluster", "shape", "other")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["bert", "gpt2"], "Zoo text models (benchmarks/zoo/text.py).")
@@ -69,79 +56,6 @@ flags.DEFINE_integer("calls", 20, "Profiled calls per contender.")
 flags.DEFINE_integer("rounds", 20, "Interleaved timed rounds per row (no profiler).")
 flags.DEFINE_string("out", str(_HERE / "RESULTS.md"),
                     "Markdown file whose small-shapes section is (re)written; empty: none.")
-
-
-def op_class(op_type: str) -> str:
-    if op_type == "FusionStitch":
-        return "FusionStitch"
-    if op_type in MATMUL_OPS:
-        return "matmul"
-    if op_type in XLA_OPS or op_type.startswith("__inference_"):   # jit_compile's executable
-        return "XLA cluster"
-    if op_type in SHAPE_OPS:
-        return "shape"
-    return "other"
-
-
-def _op_type(event_name: str):
-    """The op type of a profiler event named "node:Type", else None (the
-    executor's and the runtime's own events are named otherwise)."""
-    if " " in event_name or "::" in event_name or event_name.count(":") != 1:
-        return None
-    return event_name.split(":")[1] or None
-
-
-def _union_length(intervals) -> int:
-    total, end = 0, None
-    for lo, hi in sorted(intervals):
-        if end is None or lo > end:
-            total += hi - lo
-            end = hi
-        elif hi > end:
-            total += hi - end
-            end = hi
-    return total
-
-
-def breakdown(space: xplane_pb2.XSpace, calls: int) -> dict:
-    """Per-call microseconds of a profile of `calls` calls (see the module docstring)."""
-    run_ps, ops, by_class = 0, [], collections.Counter()
-    for plane in space.planes:
-        if not plane.name.startswith("/host:"):
-            continue
-        for line in plane.lines:
-            base = line.timestamp_ns * 1000
-            for event in line.events:
-                name = plane.event_metadata[event.metadata_id].name
-                if name == CALL_EVENT:
-                    run_ps += event.duration_ps
-                    continue
-                op_type = _op_type(name)
-                if op_type is None:
-                    continue
-                start = base + event.offset_ps
-                ops.append((start, start + event.duration_ps))
-                by_class[op_class(op_type)] += event.duration_ps
-    busy = _union_length(ops)
-    per_call = lambda ps: ps / 1e6 / calls   # noqa: E731  (ps -> us per call)
-    return {"call": per_call(run_ps), "busy": per_call(busy),
-            "overhead": per_call(max(run_ps - busy, 0)), "ops": len(ops) / calls,
-            "classes": {c: per_call(by_class[c]) for c in CLASSES}}
-
-
-def profile(fn, args, calls: int) -> dict:
-    directory = tempfile.mkdtemp(prefix="small_shapes-")
-    tf.profiler.experimental.start(directory)
-    try:
-        for _ in range(calls):
-            with tf.profiler.experimental.Trace(CALL_EVENT):
-                tf.nest.map_structure(lambda t: t.numpy(), fn(*args))
-    finally:
-        tf.profiler.experimental.stop()
-    space = xplane_pb2.XSpace()
-    path = glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True)[0]
-    space.ParseFromString(pathlib.Path(path).read_bytes())
-    return breakdown(space, calls)
 
 
 def run_row(name: str, size: str, batch: int, seq: int, cache_root: str) -> dict:
