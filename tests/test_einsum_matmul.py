@@ -2,7 +2,6 @@
 (rewriters/einsum_matmul.py), so their transposes can fuse: the equations
 and shapes Keras' attention writes, fresh random inputs, TF's results."""
 
-import numpy as np
 import tensorflow as tf
 
 from tests.optimize_testlib import (assert_same, fused_clusters_with, quiet_call, random, rng)
