@@ -21,6 +21,15 @@ def write_section(path: str, begin: str, end: str, section: str) -> None:
     os.replace(tmp, path)
 
 
+def table_and_notes(header, rows, notes) -> list:
+    """Markdown lines: a table of `rows` (cell lists; a "|" inside a cell
+    becomes "/"), then a Notes list (or "none")."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in cells) + " |" for cells in rows]
+    return lines + ["", "Notes:", ""] + ([f"- {n.replace('|', '/')}" for n in notes]
+                                         or ["- none."])
+
+
 def cpu_model() -> str:
     """The CPU's model name (Linux's /proc/cpuinfo), else what platform knows."""
     try:

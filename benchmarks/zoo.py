@@ -342,12 +342,9 @@ def markdown(rows, load, seconds, source, during):
              "tracing (fs cold: empty caches; fs warm: caches warm), step times in ms, fs vs "
              "TF and vs XLA as the median over rounds of the other's time over fs's with "
              "its 95% interval (above 1x: fs faster), diff relative to the result's "
-             "largest magnitude.", "", "Summary:", ""] + summary(rows) + [
-        "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(c.replace("|", "/") for c in _cells(r)) + " |" for r in rows]
-    notes = [f"- {r['model']} {r['function']}: {n.replace('|', '/')}" for r in rows
-             for n in r["notes"]]
-    lines += ["", "Notes:", ""] + (notes or ["- none."]) + [END]
+             "largest magnitude.", "", "Summary:", ""] + summary(rows) + [""]
+    notes = [f"{r['model']} {r['function']}: {n}" for r in rows for n in r["notes"]]
+    lines += results_md.table_and_notes(HEADER, [_cells(r) for r in rows], notes) + [END]
     return "\n".join(lines) + "\n"
 
 

@@ -272,12 +272,9 @@ def markdown(rows, ratios, load, seconds, source, during):
              "nothing (an upper bound for fusion alone); fs matmul and fs vs TF (median over "
              "rounds) of this run, where --fs; fs vs TF (zoo table) from the zoo section; "
              "largest other op types as shares of the call.", "", "Summary:", ""]
-    lines += summary(rows, ratios) + [
-        "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(c.replace("|", "/") for c in _cells(r, ratios)) + " |"
-              for r in rows]
-    notes = [f"- {r['model']}: {n.replace('|', '/')}" for r in rows for n in r["notes"]]
-    lines += ["", "Notes:", ""] + (notes or ["- none."]) + [END]
+    lines += summary(rows, ratios) + [""]
+    notes = [f"{r['model']}: {n}" for r in rows for n in r["notes"]]
+    lines += results_md.table_and_notes(HEADER, [_cells(r, ratios) for r in rows], notes) + [END]
     return "\n".join(lines) + "\n"
 
 
