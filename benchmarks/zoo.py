@@ -350,10 +350,8 @@ def markdown(rows, load, seconds, source, during):
 
 def main(argv):
     del argv
-    unknown = set(FLAGS.models) - set(zoo.NAMES)
-    if unknown:
-        raise app.UsageError(f"unknown --models {sorted(unknown)}; choose from "
-                             f"{', '.join(zoo.NAMES)}")
+    if zoo.unknown_names(FLAGS.models):
+        raise app.UsageError(zoo.unknown_names(FLAGS.models))
     bad = set(FLAGS.functions) - set(FUNCTIONS)
     if bad:
         raise app.UsageError(f"unknown --functions {sorted(bad)}; choose from {FUNCTIONS}")

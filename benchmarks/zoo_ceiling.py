@@ -280,10 +280,8 @@ def markdown(rows, ratios, load, seconds, source, during):
 
 def main(argv):
     del argv
-    unknown = set(FLAGS.models) - set(zoo.NAMES)
-    if unknown:
-        raise app.UsageError(f"unknown --models {sorted(unknown)}; choose from "
-                             f"{', '.join(zoo.NAMES)}")
+    if zoo.unknown_names(FLAGS.models):
+        raise app.UsageError(zoo.unknown_names(FLAGS.models))
     if FLAGS.calls < 1:
         raise app.UsageError("--calls must be at least 1")
     load, source = os.getloadavg()[0], run_context.source_state()

@@ -41,6 +41,13 @@ def build(name: str, size: str = "tiny", seed: int = 0, policy: str = None) -> Z
     return _BUILDERS[name](name, size, seed, policy)
 
 
+def unknown_names(names) -> str:
+    """"" when every name is a zoo model, else a message naming the others
+    and the choices (for a script's --models check)."""
+    unknown = sorted(set(names) - set(NAMES))
+    return f"unknown --models {unknown}; choose from {', '.join(NAMES)}" if unknown else ""
+
+
 def _check(name: str) -> None:
     if name not in _BUILDERS:
         raise ValueError(f"unknown zoo model {name!r}; known: {', '.join(NAMES)}")
