@@ -57,7 +57,8 @@ CONSTANT = ("const",)
 SCATTER = ("segment_sum",)
 PRIMITIVES = UNARY + BINARY + TERNARY + REDUCE + SHAPE_ONLY + MOVE + CONSTANT + SCATTER
 # Inputs each primitive takes.
-_ARITY = {**{p: 1 for p in UNARY + REDUCE + SHAPE_ONLY + MOVE}, **{p: 2 for p in BINARY + SCATTER},
+_ARITY = {**{p: 1 for p in UNARY + REDUCE + SHAPE_ONLY + MOVE},
+          **{p: 2 for p in BINARY + SCATTER},
           **{p: 3 for p in TERNARY}, "const": 0}
 
 # Expensive elementwise ops (PAPERS.md op classes): worth buffering rather than
