@@ -28,9 +28,6 @@ class BackgroundRewrite:
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._done = threading.Event()
-        # What stopped the rewrite's trace, if anything did (an error of the
-        # user's function, which the calls that follow raise as TF does).
-        self.error: Optional[BaseException] = None
 
     def pending(self, prepare: Callable[[], object]) -> bool:
         """Whether calls still run the original: the first call starts
@@ -47,8 +44,8 @@ class BackgroundRewrite:
     def _work(self, prepare: Callable[[], object]) -> None:
         try:
             prepare()
-        except Exception as e:  # noqa: BLE001  (kept; the next synchronous trace meets it)
-            self.error = e
+        except Exception:  # noqa: BLE001  (an error of the user's function: the calls
+            pass           # after this one trace it again and raise it as TF does)
         finally:
             self._done.set()
 

@@ -82,15 +82,11 @@ class Tensor:
     bcast: dict = dataclasses.field(default_factory=dict)  # group -> ext index of its
     # run-time broadcast flag (1: this dynamic dimension is 1 and the axis is not)
     layout: tuple = ()   # its groups in memory order, outer to inner (a transposed
-    # tensor's differs from `groups`, which is in iteration order); () means `groups`
-
-    def memory_order(self) -> tuple:
-        return self.layout or self.groups
+    # tensor's differs from `groups`, which is in iteration order)
 
     def inner_groups(self, g: int) -> tuple:
         """The groups laid out inside group g: its stride is their extents' product."""
-        order = self.memory_order()
-        return order[order.index(g) + 1:]
+        return self.layout[self.layout.index(g) + 1:]
 
 
 @dataclasses.dataclass
@@ -141,8 +137,7 @@ def lower(s: Schedule, lanes: int = 0) -> Kernel:
         return tuple(sorted({group_index[a] for a in s.axes_of(value)}))
 
     def layout_of(value):
-        order = tuple(dict.fromkeys(group_index[a] for a in s.dim_axes[value] if a is not None))
-        return () if order == groups_of(value) else order
+        return tuple(dict.fromkeys(group_index[a] for a in s.dim_axes[value] if a is not None))
 
     tensors = [Tensor(n, t.dtype, groups_of(n), False, layout=layout_of(n)) for n, t in c.inputs]
     tensors += [Tensor(o, types[o].dtype, groups_of(o), True, layout=layout_of(o))
