@@ -5,6 +5,7 @@ from setuptools import setup
 PACKAGES = {
     "tf_fusionstitch": "tf_fusionstitch",
     "tf_fusionstitch.codegen": "tf_fusionstitch/codegen",
+    "tf_fusionstitch.gpu": "tf_fusionstitch/gpu",
     "tf_fusionstitch.runtime": "tf_fusionstitch/runtime",
     "tf_fusionstitch.tools": "tf_fusionstitch/tools",
     "tf_fusionstitch.rewriters": "rewriters",

@@ -1,6 +1,6 @@
 """The latency evaluator's plan choices, measured on the GPU (TF-free; CuPy).
 
-For clusters where the evaluator (tf_fusionstitch/gpu_choice.py) picks a plan
+For clusters where the evaluator (tf_fusionstitch/gpu/choice.py) picks a plan
 other than the column-count thresholds' for this device, it times both
 kernels on the same inputs, checks both against NumPy, and prints one line
 each: the two mappings, the predicted and the measured times, and whether the
@@ -20,10 +20,11 @@ from absl import flags
 import numpy as np
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch import gpu_choice, gpu_cost, gpu_kernels, patterns
+from tf_fusionstitch import patterns
 from tf_fusionstitch.codegen.generate import generate_cuda
 from tf_fusionstitch.codegen.gpu_printer import NVRTC_OPTIONS
-from tf_fusionstitch.gpu_schedule import plan_gpu
+from tf_fusionstitch.gpu import build as gpu_build, choice as gpu_choice, cost as gpu_cost
+from tf_fusionstitch.gpu.choice import plan_gpu
 from tf_fusionstitch.runtime import nvrtc
 from tf_fusionstitch.schedule import build_schedule
 
@@ -64,7 +65,7 @@ def main(argv):
     if not FLAGS.compile_only:
         import cupy
         from cupyx.profiler import benchmark
-        gpu = gpu or gpu_kernels.device_gpu()
+        gpu = gpu or gpu_build.device_gpu()
         if gpu is None:
             sys.exit("this device is not in gpu_cost.GPUS; pass --gpu to compare anyway")
     gpu = gpu or "H100"
@@ -74,7 +75,7 @@ def main(argv):
     for pat, rows in cases():
         s = build_schedule(pat.cluster)
         default, chosen = plan_gpu(s), plan_gpu(s, gpu, rows)
-        n_rows, cols = gpu_choice._extents(s, rows)
+        n_rows, cols = gpu_choice.extents(s, rows)
         pred = [gpu_cost.estimate(p, gpu, n_rows, cols).latency_s * 1e6 for p in (default, chosen)]
         names = [gpu_choice.describe(p) for p in (default, chosen)]
         line = f"{pat.name:22} {rows:>8} {names[0]:>16} {names[1]:>16} " \
@@ -88,7 +89,7 @@ def main(argv):
         on_device = [cupy.asarray(a) for a in inputs]
         times = []
         for p in (default, chosen):
-            kernel = gpu_kernels.load_cuda(pat.cluster, plan=p)
+            kernel = gpu_build.load_cuda(pat.cluster, plan=p)
             outs = [o.get() for o in kernel.run(on_device)]
             for got, want in zip(outs, pat.reference(inputs)):
                 np.testing.assert_allclose(got, want, rtol=pat.rtol, atol=pat.atol)

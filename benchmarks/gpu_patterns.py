@@ -7,7 +7,7 @@ the large sizes of PAPERS.md's table (and a larger softmax):
   float4 read+write kernel of a 1 GiB buffer, timed with CUDA events; the
   faster is the ceiling ("copy GB/s"), bytes read + bytes written;
 - our CUDA kernel, with the plan the latency evaluator chooses for this GPU
-  and row count (gpu_choice.py; the thresholds' plan where gpu_cost.GPUS
+  and row count (gpu/choice.py; the thresholds' plan where gpu_cost.GPUS
   does not know the device), compiled by NVRTC for the device's
   architecture, run on fresh random inputs and checked against the
   pattern's NumPy reference within its tolerance, through the project's
@@ -29,7 +29,7 @@ Exits 1 when any kernel fails its check (or fails to build); JAX columns read
 "-" with a note when JAX is missing. --compile_only needs no GPU: every
 kernel is built for --arch with the plan chosen for --gpu, its host shape
 function compiled and checked, and the C++ emulation of its CUDA schedule
-(gpu_kernels.build_emulation) run against the reference on a few rows; the
+(gpu_build.build_emulation) run against the reference on a few rows; the
 JAX functions are checked on the CPU when JAX is installed.
 
   python benchmarks/gpu_patterns.py --out=$OUT/gpu_patterns.md   # on a GPU
@@ -62,10 +62,12 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 import numpy as np  # noqa: E402
 
-from tf_fusionstitch import gpu_choice, gpu_cost, gpu_kernels, patterns  # noqa: E402
+from tf_fusionstitch import patterns  # noqa: E402
 from tf_fusionstitch.codegen.generate import generate_cuda  # noqa: E402
 from tf_fusionstitch.codegen.gpu_printer import KERNEL_NAME, NVRTC_OPTIONS  # noqa: E402
-from tf_fusionstitch.gpu_schedule import plan_gpu, static_cols  # noqa: E402
+from tf_fusionstitch.gpu import build as gpu_build, choice as gpu_choice, cost as gpu_cost  # noqa: E402
+from tf_fusionstitch.gpu.choice import plan_gpu  # noqa: E402
+from tf_fusionstitch.gpu.mapping import static_cols  # noqa: E402
 from tf_fusionstitch.runtime import nvrtc  # noqa: E402
 from tf_fusionstitch.runtime.cpu_kernel import CpuKernel  # noqa: E402
 from tf_fusionstitch.runtime.cuda_timing import (BoundKernel, Device, HELPERS,  # noqa: E402
@@ -210,12 +212,12 @@ def compile_only_row(case: Case, gpu: str, arch: str, quick: bool, jax, rng) -> 
     n -= 1 if n > 1 and n % 2 == 0 else 0
     inputs = case.pattern.make_inputs(rng, n)
     want = case.pattern.reference(inputs)
-    host = gpu_kernels.host_shape(generated)
+    host = gpu_build.host_shape(generated)
     out_shapes, _, _ = host([a.shape for a in inputs])
     if [tuple(s) for s in out_shapes] != [w.shape for w in want]:
         raise AssertionError(f"host shape function gives {out_shapes}, the reference "
                              f"{[w.shape for w in want]}")
-    emulated = CpuKernel(gpu_kernels.build_emulation(case.pattern.cluster, gpu=gpu, plan=plan))
+    emulated = CpuKernel(gpu_build.build_emulation(case.pattern.cluster, gpu=gpu, plan=plan))
     row["emulated_rows"] = n
     row["error"], row["ok"] = check_outputs(emulated.run(inputs, threads=2), want, case.pattern)
     if jax is not None:
@@ -248,13 +250,13 @@ def gpu_row(case: Case, device: Device, gpu: Optional[str], jax, rng) -> dict:
            "mapping": gpu_choice.describe(plan)}
     generated = generate_cuda(case.pattern.cluster, plan=plan)
     if gpu is not None:
-        n_rows, cols = gpu_choice._extents(schedule, case.plan_rows(quick))
+        n_rows, cols = gpu_choice.extents(schedule, case.plan_rows(quick))
         row["predicted_ms"] = gpu_cost.estimate(plan, gpu, n_rows, cols).latency_s * 1e3
     try:
         row.update(ptxas_report(generated.source, device.arch))
     except Exception as exc:  # resources are informative; the run does not need them
         row["note"] = f"ptxas: {exc}"
-    kernel = gpu_kernels.load_cuda(case.pattern.cluster, plan=plan)
+    kernel = gpu_build.load_cuda(case.pattern.cluster, plan=plan)
 
     inputs = case.pattern.make_inputs(rng, rows)
     want = case.pattern.reference(inputs)
@@ -293,7 +295,7 @@ def sweep_rows(case: Case, device: Device, gpu: Optional[str], rng) -> list:
     import cupy as cp
     rows = case.rows(FLAGS.quick)
     schedule = build_schedule(case.pattern.cluster)
-    n_rows, cols = gpu_choice._extents(schedule, case.plan_rows(FLAGS.quick))
+    n_rows, cols = gpu_choice.extents(schedule, case.plan_rows(FLAGS.quick))
     chosen = gpu_choice.describe(plan_gpu(schedule, gpu, case.plan_rows(FLAGS.quick)))
     inputs = case.pattern.make_inputs(rng, rows)
     want = case.pattern.reference(inputs)
@@ -305,7 +307,7 @@ def sweep_rows(case: Case, device: Device, gpu: Optional[str], rng) -> list:
         try:
             if gpu is not None:
                 row["predicted_ms"] = gpu_cost.estimate(plan, gpu, n_rows, cols).latency_s * 1e3
-            kernel = gpu_kernels.load_cuda(case.pattern.cluster, plan=plan)
+            kernel = gpu_build.load_cuda(case.pattern.cluster, plan=plan)
             first = BoundKernel(kernel, sets[0])
             n_sets = input_sets(nbytes(inputs) + nbytes(first.outputs), device.l2_bytes)
             while len(sets) < n_sets:
@@ -441,7 +443,7 @@ def main(argv):
             sys.exit("gpu_patterns: no CUDA GPU visible to CuPy; run with --compile_only "
                      "to check the kernels without one")
         device = Device(cp)
-        gpu = FLAGS.gpu or gpu_kernels.device_gpu()
+        gpu = FLAGS.gpu or gpu_build.device_gpu()
         if gpu is None:
             notes.append(f"{device.name} is not in gpu_cost.GPUS: the thresholds' plans "
                          "(pass --gpu to choose for a known GPU)")
@@ -486,7 +488,7 @@ def main(argv):
                      "L2; GB/s and % copy from it (inputs read once + outputs written once)")
         notes.append("ours/call, JAX/call: host clock over back-to-back calls then a sync, "
                      "median of batches (dispatch included); speed-up = JAX/call / ours/call")
-        notes.append("pred ms: the latency evaluator's estimate (gpu_cost.py) for the chosen plan")
+        notes.append("pred ms: the latency evaluator's estimate (gpu/cost.py) for the chosen plan")
     for r in rows:
         if r.get("note"):
             notes.append(f"{r['name']}: {r['note']}")

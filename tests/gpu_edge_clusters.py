@@ -5,7 +5,8 @@ elementwise rows split into several items."""
 
 import numpy as np
 
-from tf_fusionstitch import fusion_ir as ir, gpu_kernels
+from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch.gpu import build as gpu_build
 from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
 
 T, op = ir.TensorType, ir.make_op
@@ -14,7 +15,7 @@ N = None
 
 def emulate_plan(cluster, plan, inputs, reverse_threads=False):
     """Outputs of `cluster` under GPU `plan`, by the C++ emulation of the CUDA kernel."""
-    path = gpu_kernels.build_emulation(cluster, reverse_threads, plan=plan)
+    path = gpu_build.build_emulation(cluster, reverse_threads, plan=plan)
     return CpuKernel(path).run(inputs, threads=2, forward=True)
 
 

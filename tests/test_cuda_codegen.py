@@ -16,10 +16,11 @@ import sys
 import gpu_edge_clusters as edge
 import pytest
 
-from tf_fusionstitch import gpu_kernels, patterns
+from tf_fusionstitch import patterns
 from tf_fusionstitch.codegen import gpu_printer
 from tf_fusionstitch.codegen.generate import generate_cuda
-from tf_fusionstitch.gpu_occupancy import occupancy
+from tf_fusionstitch.gpu import build as gpu_build
+from tf_fusionstitch.gpu.occupancy import occupancy
 from tf_fusionstitch.runtime import nvrtc
 
 PATTERNS = patterns.standard_patterns()
@@ -48,7 +49,7 @@ def planned_shared_bytes(plan) -> int:
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("name", sorted(PATTERNS))
 def test_standard_pattern_compiles_for_arch_without_spills(name, arch):
-    generated, builds = gpu_kernels.compile_cuda(PATTERNS[name].cluster, (arch,))
+    generated, builds = gpu_build.compile_cuda(PATTERNS[name].cluster, (arch,))
     res = builds[arch].resources
     assert res.arch == arch
     assert (res.spill_stores, res.spill_loads, res.stack_bytes) == (0, 0, 0), res
@@ -63,7 +64,7 @@ def test_standard_pattern_compiles_for_arch_without_spills(name, arch):
 @pytest.mark.parametrize("name", sorted(edge.EDGE_CLUSTERS))
 def test_edge_clusters_compile_for_sm90_without_spills(name):
     """float64 and int64 shuffles, bool reductions, column splits, recompute."""
-    generated, builds = gpu_kernels.compile_cuda(edge.EDGE_CLUSTERS[name], ("sm_90",))
+    generated, builds = gpu_build.compile_cuda(edge.EDGE_CLUSTERS[name], ("sm_90",))
     res = builds["sm_90"].resources
     assert (res.spill_stores, res.spill_loads, res.stack_bytes) == (0, 0, 0), res
     assert res.shared_bytes == planned_shared_bytes(generated.plan), res
@@ -200,6 +201,6 @@ ptxas info    : Used 10 registers, used 0 barriers
 
 
 def test_gpu_codegen_imports_no_tensorflow():
-    code = ("import sys, tf_fusionstitch.gpu_kernels, tf_fusionstitch.patterns; "
+    code = ("import sys, tf_fusionstitch.gpu.build, tf_fusionstitch.patterns; "
             "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -10,7 +10,8 @@ import gpu_edge_clusters as edge
 import numpy as np
 import pytest
 
-from tf_fusionstitch import gpu_kernels, patterns
+from tf_fusionstitch import patterns
+from tf_fusionstitch.gpu import build as gpu_build
 from tf_fusionstitch.codegen.generate import generate_cuda
 from tf_fusionstitch.runtime import cpu_compiler
 from tf_fusionstitch.runtime.cpu_kernel import KernelShapeError
@@ -38,7 +39,7 @@ needs_gpu = pytest.mark.skipif(_gpu_count() == 0,
 
 
 def test_host_shape_gives_outputs_extents_and_work_items():
-    host = gpu_kernels.host_shape(generate_cuda(PATTERNS["layernorm_768"].cluster))
+    host = gpu_build.host_shape(generate_cuda(PATTERNS["layernorm_768"].cluster))
     out_shapes, ext, work = host([(13, 768), (768,), (768,)])
     assert out_shapes == [(13, 768), (13, 1)] and work == 13 and ext[:2] == (13, 768)
     with pytest.raises(KernelShapeError, match="input 1"):
@@ -64,12 +65,12 @@ def test_plans_chosen_for_this_device_match_numpy():
     (chosen for gpu_choice.ASSUMED_ROWS)."""
     long_rows = edge.softmax((4, 65536))
     x = np.random.default_rng(4).standard_normal((4, 65536)).astype(np.float32) * 4
-    (y,) = (o.get() for o in gpu_kernels.load_cuda(long_rows, gpu="auto").run([x]))
+    (y,) = (o.get() for o in gpu_build.load_cuda(long_rows, gpu="auto").run([x]))
     e = np.exp(x.astype(np.float64) - x.max(-1, keepdims=True))
     np.testing.assert_allclose(y, e / e.sum(-1, keepdims=True), rtol=2e-5, atol=1e-6)
     pattern = PATTERNS["softmax_3000"]
     inputs = pattern.make_inputs(np.random.default_rng(5), 77)
-    kernel = gpu_kernels.load_cuda(pattern.cluster, gpu="auto")
+    kernel = gpu_build.load_cuda(pattern.cluster, gpu="auto")
     for got, want in zip((o.get() for o in kernel.run(inputs)), pattern.reference(inputs)):
         np.testing.assert_allclose(got, want, rtol=pattern.rtol, atol=pattern.atol)
 
@@ -78,7 +79,7 @@ def test_plans_chosen_for_this_device_match_numpy():
 @pytest.mark.parametrize("name", sorted(PATTERNS))
 def test_standard_pattern_on_the_gpu_matches_numpy(name):
     pattern = PATTERNS[name]
-    kernel = gpu_kernels.load_cuda(pattern.cluster)
+    kernel = gpu_build.load_cuda(pattern.cluster)
     rng = np.random.default_rng(0)
     for rows in (0, 1, 13, 1000):
         inputs = pattern.make_inputs(rng, rows)
@@ -102,9 +103,9 @@ def test_sixteen_bit_layernorm_on_the_gpu_matches_the_emulation(dtype):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((77, 768)).astype(as_dtype(dtype))
     g = rng.standard_normal(768).astype(as_dtype(dtype))
-    want = CpuKernel(gpu_kernels.build_emulation(c)).run([x, g])
+    want = CpuKernel(gpu_build.build_emulation(c)).run([x, g])
     bits = [a.view(np.uint16) if dtype == "bfloat16" else a for a in (x, g)]
-    y, y32 = (o.get() for o in gpu_kernels.load_cuda(c).run(bits))
+    y, y32 = (o.get() for o in gpu_build.load_cuda(c).run(bits))
     if dtype == "bfloat16":
         y = y.view(as_dtype("bfloat16"))
     np.testing.assert_allclose(y32, want[1], rtol=1e-4, atol=1e-4)

@@ -1,4 +1,4 @@
-"""Plans chosen by the latency evaluator (tf_fusionstitch/gpu_choice.py):
+"""Plans chosen by the latency evaluator (tf_fusionstitch/gpu/choice.py):
 where the thresholds' choice holds, where the evaluator changes it and why,
 and that every chosen or candidate plan still computes the right thing in
 the C++ emulation of the CUDA schedule. TF-free; emulation needs g++."""
@@ -12,8 +12,10 @@ import gpu_edge_clusters as edge
 import numpy as np
 import pytest
 
-from tf_fusionstitch import gpu_choice, gpu_cost, gpu_kernels, gpu_occupancy, patterns
-from tf_fusionstitch.gpu_schedule import plan_gpu
+from tf_fusionstitch import patterns
+from tf_fusionstitch.gpu import build as gpu_build, choice as gpu_choice, cost as gpu_cost
+from tf_fusionstitch.gpu import occupancy as gpu_occupancy
+from tf_fusionstitch.gpu.choice import plan_gpu
 from tf_fusionstitch.runtime import nvrtc
 from tf_fusionstitch.schedule import build_schedule
 
@@ -46,7 +48,7 @@ def _measured_cases():
 
 
 def test_h200_choices_are_within_3_percent_of_the_measured_best():
-    """The latency evaluator's constants are fitted to this sweep (gpu_cost.py):
+    """The latency evaluator's constants are fitted to this sweep (gpu/cost.py):
     for each standard benchmark case the plan it chooses for the H200 ran
     within 3% of the fastest of all candidates, and its predictions are off
     by 31% (geometric mean) over the 100-odd plans (107% before the fit).
@@ -59,7 +61,7 @@ def test_h200_choices_are_within_3_percent_of_the_measured_best():
         chosen = gpu_choice.describe(plan_gpu(schedule, "H200", rows))
         assert chosen in times, (case.name, chosen)
         assert times[chosen] <= 1.03 * min(times.values()), (case.name, chosen, times)
-        n_rows, cols = gpu_choice._extents(schedule, rows)
+        n_rows, cols = gpu_choice.extents(schedule, rows)
         for plan in gpu_choice.candidate_plans(schedule):
             measured = times.get(gpu_choice.describe(plan))
             if measured:
@@ -158,7 +160,7 @@ def test_an_elementwise_batch_in_the_tiled_axis_is_assumed_large():
     t = ir.TensorType("float32", (N, 64))
     c = ir.Cluster((("x", t),), (ir.make_op("y", "exp", ["x"], t),), ("y",))
     s = build_schedule(c)
-    rows, cols = gpu_choice._extents(s, None)
+    rows, cols = gpu_choice.extents(s, None)
     assert (rows, cols) == (1, gpu_choice.ASSUMED_ROWS * gpu_choice.ASSUMED_COLS)
     for gpu in GPUS:
         plan = plan_gpu(s, gpu)
@@ -226,7 +228,7 @@ def test_chosen_plans_compile_without_spills_at_the_registers_their_block_allows
     cluster, _, _ = CHOSEN_CASES[case]
     for gpu in ("A100", "H100"):
         arch = gpu_cost.GPUS[gpu].arch
-        generated, builds = gpu_kernels.compile_cuda(cluster, (arch,), gpu=gpu)
+        generated, builds = gpu_build.compile_cuda(cluster, (arch,), gpu=gpu)
         res = builds[arch].resources
         assert (res.spill_stores, res.spill_loads, res.stack_bytes) == (0, 0, 0), res
         threads = generated.plan.mapping.block_threads

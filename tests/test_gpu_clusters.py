@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch import gpu_kernels, patterns
-from tf_fusionstitch.gpu_occupancy import occupancy
+from tf_fusionstitch import patterns
+from tf_fusionstitch.gpu import build as gpu_build
+from tf_fusionstitch.gpu.occupancy import occupancy
 from tf_fusionstitch.kernels import build_cpu_kernel
 from tf_fusionstitch.runtime import nvrtc
 from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
@@ -37,7 +38,7 @@ def test_emulated_cuda_schedule_agrees_with_the_cpu_kernel(path):
     cluster = load(path)
     reduces = bool(build_schedule(cluster).reductions)
     cpu = build_cpu_kernel(cluster).runner()
-    gpu = CpuKernel(gpu_kernels.build_emulation(cluster))
+    gpu = CpuKernel(gpu_build.build_emulation(cluster))
     rng = np.random.default_rng(len(path.stem))
     for rows in (0, 1, 5):
         inputs = patterns.random_inputs(cluster, rows, rng)
@@ -54,7 +55,7 @@ def test_emulated_cuda_schedule_agrees_with_the_cpu_kernel(path):
                            "and ptxas (CUDA toolkit)")
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
 def test_compiles_for_sm90_without_spills(path):
-    generated, builds = gpu_kernels.compile_cuda(load(path), ("sm_90",))
+    generated, builds = gpu_build.compile_cuda(load(path), ("sm_90",))
     res = builds["sm_90"].resources
     assert (res.spill_stores, res.spill_loads, res.stack_bytes) == (0, 0, 0), res
     threads = generated.plan.mapping.block_threads

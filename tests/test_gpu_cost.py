@@ -1,4 +1,4 @@
-"""The latency evaluator (tf_fusionstitch/gpu_cost.py), term by term, against
+"""The latency evaluator (tf_fusionstitch/gpu/cost.py), term by term, against
 values computed by hand from its documented constants; its shared memory
 against the printer's allocation; its register estimate against ptxas.
 TF-free."""
@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch import gpu_choice, gpu_cost, gpu_kernels, patterns
+from tf_fusionstitch import patterns
 from tf_fusionstitch.codegen import gpu_printer
-from tf_fusionstitch.gpu_cost import (BARRIER_CYCLES, DIVMOD_CYCLES, DRAM_LATENCY_CYCLES,
+from tf_fusionstitch.gpu import build as gpu_build, choice as gpu_choice, cost as gpu_cost
+from tf_fusionstitch.gpu.choice import plan_gpu
+from tf_fusionstitch.gpu.cost import (BARRIER_CYCLES, DIVMOD_CYCLES, DRAM_LATENCY_CYCLES,
                                       EXPENSIVE_CYCLES, KERNEL_BOUNDARY_S, LOOP_CYCLES,
                                       SHUFFLE_CYCLES)
-from tf_fusionstitch.gpu_occupancy import blocks_per_sm, occupancy
-from tf_fusionstitch.gpu_schedule import (GpuMapping, finish_plan, plan_gpu, split_plan,
-                                          static_cols)
+from tf_fusionstitch.gpu.mapping import GpuMapping, finish_plan, split_plan, static_cols
+from tf_fusionstitch.gpu.occupancy import blocks_per_sm, occupancy
 from tf_fusionstitch.runtime import nvrtc
 from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
 from tf_fusionstitch.schedule import build_schedule
@@ -223,7 +224,7 @@ def test_buffers_with_disjoint_lifetimes_share_one_shared_array():
     assert "b_v_e1[" in source and "b_v_e2" not in source
     x = np.random.default_rng(3).standard_normal((21, 300)).astype(np.float32)
     for reverse in (False, True):
-        got = CpuKernel(gpu_kernels.build_emulation(c, reverse)).run([x], threads=2)
+        got = CpuKernel(gpu_build.build_emulation(c, reverse)).run([x], threads=2)
         for g, w in zip(got, ref(x)):
             np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-6)
 
@@ -245,7 +246,7 @@ def test_overlapping_buffers_keep_their_own_arrays():
                     reason="needs NVRTC and ptxas")
 @pytest.mark.parametrize("name", sorted(PATTERNS))
 def test_register_estimate_is_within_a_third_of_ptxas(name):
-    generated, builds = gpu_kernels.compile_cuda(PATTERNS[name].cluster, ("sm_90",))
+    generated, builds = gpu_build.compile_cuda(PATTERNS[name].cluster, ("sm_90",))
     counted = builds["sm_90"].resources.registers
     estimated = gpu_cost.estimate_registers(generated.plan)
     assert abs(estimated - counted) <= counted / 3, (estimated, counted)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch import gpu_kernels
+from tf_fusionstitch.gpu import build as gpu_build
 from tf_fusionstitch.kernels import build_cpu_kernel
 from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
 from tf_fusionstitch.schedule import UnsupportedCluster, build_schedule
@@ -109,7 +109,7 @@ def inputs_for(cluster, rows, width, rng):
 def test_emulated_cuda_schedule_agrees_with_the_cpu_kernel(seed):
     cluster, width, has_reduce = random_cluster(seed)
     cpu = build_cpu_kernel(cluster).runner()
-    gpu = CpuKernel(gpu_kernels.build_emulation(cluster, reverse_threads=bool(seed % 2)))
+    gpu = CpuKernel(gpu_build.build_emulation(cluster, reverse_threads=bool(seed % 2)))
     rng = np.random.default_rng(1000 + seed)
     tol = 1e-5 if cluster.inputs[0][1].dtype == "float32" else 1e-12
     for rows in (0, 1, 19):

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch import gpu_kernels, patterns
+from tf_fusionstitch import patterns
 from tf_fusionstitch.codegen import gpu_printer
-from tf_fusionstitch.gpu_schedule import plan_gpu
+from tf_fusionstitch.gpu import build as gpu_build
+from tf_fusionstitch.gpu.choice import plan_gpu
 from tf_fusionstitch.runtime.cpu_kernel import CpuKernel, as_dtype
 from tf_fusionstitch.schedule import build_schedule
 
@@ -27,7 +28,7 @@ ROWS = (0, 1, 5, 13, 37)
 
 
 def emulate(cluster, inputs, threads=3, reverse_threads=False):
-    kernel = CpuKernel(gpu_kernels.build_emulation(cluster, reverse_threads))
+    kernel = CpuKernel(gpu_build.build_emulation(cluster, reverse_threads))
     return kernel.run(inputs, threads=threads, forward=True)
 
 

@@ -1,4 +1,4 @@
-"""Rows split across blocks (gpu_schedule.split_plan, AStitch's scheme for
+"""Rows split across blocks (gpu/mapping.split_plan, AStitch's scheme for
 few very long rows): one launch per column loop, partials of a row's slices
 combined through a workspace in slice order. The C++ emulation runs the
 launches one after another over every block, so these tests check the slice
@@ -13,7 +13,7 @@ import pytest
 from tf_fusionstitch import patterns
 from tf_fusionstitch.codegen import gpu_printer
 from tf_fusionstitch.codegen.generate import generate_cuda
-from tf_fusionstitch.gpu_schedule import split_phases, split_plan
+from tf_fusionstitch.gpu.mapping import split_phases, split_plan
 from tf_fusionstitch.runtime import nvrtc
 from tf_fusionstitch.runtime.cuda_kernel import launches
 from tf_fusionstitch.schedule import build_schedule

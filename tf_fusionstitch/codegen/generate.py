@@ -9,8 +9,9 @@ from typing import Optional
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.codegen import gpu_printer, kernel_ir, pack, printer, scatter, shape_fn
-from tf_fusionstitch.gpu_schedule import GpuPlan, plan_gpu
-from tf_fusionstitch.schedule import Schedule, build_schedule
+from tf_fusionstitch.gpu.choice import plan_gpu
+from tf_fusionstitch.gpu.mapping import GpuPlan
+from tf_fusionstitch.schedule import build_schedule
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """GPU kernels from kernel IR: one body, printed as CUDA or as its C++ emulation.
 
-`_GpuBody` walks a `GpuPlan` (gpu_schedule.py) and prints the code of one
+`_GpuBody` walks a `GpuPlan` (gpu/mapping.py) and prints the code of one
 thread, using the shared printer (printer.py) for every statement, split into
 *parts* by the points where threads communicate: `_Barrier` (`__syncthreads`),
 `_Shuffle` (one step of a warp's xor tree) and `_Guard` (threads past the
@@ -34,8 +34,8 @@ from typing import Dict, List
 from tf_fusionstitch.codegen import kernel_ir as k
 from tf_fusionstitch.codegen import printer
 from tf_fusionstitch.codegen.printer import COMPUTE, CUDA, STORAGE, _REDUCE, Target
-from tf_fusionstitch.gpu_cost import buffer_slots
-from tf_fusionstitch.gpu_schedule import GpuPlan, split_phases
+from tf_fusionstitch.gpu.cost import buffer_slots
+from tf_fusionstitch.gpu.mapping import GpuPlan, split_phases
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE as TILE
 
 KERNEL_NAME = "fs_kernel"
@@ -237,7 +237,7 @@ class _GpuBody(printer._Printer):
         self.parts.append(self.lines)
 
     def build_split(self) -> None:
-        """Launch `self.phase` of a split row (gpu_schedule.split_plan): block
+        """Launch `self.phase` of a split row (gpu/mapping.split_plan): block
         `block` runs slice `block % row_blocks` of row `begin + block /
         row_blocks`. It recomputes the row values of the segments before its
         loop, combining each finished reduction's partials from the

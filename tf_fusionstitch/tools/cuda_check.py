@@ -10,7 +10,7 @@ packed spec (unconnected parts in one CPU launch, codegen/pack.py) part by part.
 Exits with status 1 when a kernel spills or an error exceeds its tolerance.
 
 With --gpu (V100, A100, H100, H200) each kernel is the plan the latency
-evaluator chooses for that GPU (tf_fusionstitch/gpu_choice.py), and the
+evaluator chooses for that GPU (tf_fusionstitch/gpu/choice.py), and the
 table adds its predicted latency for --gpu_rows rows (default: the static
 row count, else gpu_choice.ASSUMED_ROWS), from ptxas' registers where the
 GPU's architecture is among --arch, else from the evaluator's estimate.
@@ -38,11 +38,12 @@ from absl import app
 from absl import flags
 import numpy as np
 
-from tf_fusionstitch import array_interpreter, gpu_choice, gpu_cost, gpu_kernels, patterns
+from tf_fusionstitch import array_interpreter, patterns
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.codegen import pack
-from tf_fusionstitch.gpu_occupancy import SM_LIMITS, occupancy
-from tf_fusionstitch.gpu_schedule import plan_gpu
+from tf_fusionstitch.gpu import build as gpu_build, choice as gpu_choice, cost as gpu_cost
+from tf_fusionstitch.gpu.choice import plan_gpu
+from tf_fusionstitch.gpu.occupancy import SM_LIMITS, occupancy
 from tf_fusionstitch.kernels import build_cpu_kernel
 from tf_fusionstitch.runtime import nvrtc
 from tf_fusionstitch.runtime.cpu_kernel import CpuKernel, as_dtype
@@ -78,13 +79,13 @@ def check(name, cluster, reference, rtol, atol, rows, archs, rng, gpu=None, gpu_
     row["mapping"] = gpu_choice.describe(plan)
     row["threads"] = plan.mapping.block_threads
     try:
-        _, builds = gpu_kernels.compile_cuda(cluster, archs, gpu=gpu)
+        _, builds = gpu_build.compile_cuda(cluster, archs, gpu=gpu)
         row["arch"] = {a: b.resources for a, b in builds.items()}
     except nvrtc.NvrtcUnavailable as exc:
         row["note"] = str(exc)
     if gpu is not None:
         row["predicted"] = predicted_latency(plan, gpu, gpu_rows, row["arch"])
-    emulated = CpuKernel(gpu_kernels.build_emulation(cluster, gpu=gpu, plan=plan))
+    emulated = CpuKernel(gpu_build.build_emulation(cluster, gpu=gpu, plan=plan))
     cpu = None if reference is not None else build_cpu_kernel(cluster).runner()
     for n in rows:
         if reference is not None:
@@ -111,9 +112,9 @@ def run_on_gpu(row, cluster, reference, rtol, atol, device, jax, rng) -> None:
         inputs = patterns.random_inputs(cluster, rows, rng)
         wanted = build_cpu_kernel(cluster).runner().run(inputs)
     schedule = build_schedule(cluster)
-    plan = plan_gpu(schedule, gpu_kernels.device_gpu(), _schedule_rows(schedule, cluster, inputs))
+    plan = plan_gpu(schedule, gpu_build.device_gpu(), _schedule_rows(schedule, cluster, inputs))
     row["gpu_mapping"] = gpu_choice.describe(plan)
-    kernel = gpu_kernels.load_cuda(cluster, plan=plan)
+    kernel = gpu_build.load_cuda(cluster, plan=plan)
     on_device = [cp.asarray(a.view(np.uint16) if a.dtype.name == "bfloat16" else a)
                  for a in inputs]
     bound = BoundKernel(kernel, on_device)
@@ -196,7 +197,7 @@ def gpu_session(mode: str) -> tuple:
         return None, None, []
     device = Device(cp)
     notes = [f"on {device.name} ({device.arch}): plans chosen for "
-             f"{gpu_kernels.device_gpu() or 'the thresholds'}, {FLAGS.run_rows} rows"]
+             f"{gpu_build.device_gpu() or 'the thresholds'}, {FLAGS.run_rows} rows"]
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with CuPy
     try:
         import jax
@@ -211,7 +212,7 @@ def gpu_session(mode: str) -> tuple:
 def predicted_latency(plan, gpu, rows, resources) -> tuple:
     """(seconds, registers' source) on `gpu` for `rows` rows (None: as chosen)."""
     spec = gpu_cost.spec(gpu)
-    n_rows, cols = gpu_choice._extents(plan.schedule, rows)
+    n_rows, cols = gpu_choice.extents(plan.schedule, rows)
     counted = resources.get(spec.arch)
     regs = counted.registers if counted is not None else None
     e = gpu_cost.estimate(plan, spec, n_rows, cols, registers=regs)
@@ -245,7 +246,7 @@ def print_table(rows, archs, gpu=None):
         print(line)
     if gpu is not None:
         n = FLAGS.gpu_rows or gpu_choice.ASSUMED_ROWS
-        print(f"{gpu} us: predicted latency (gpu_cost.py) for {n} rows where the row count "
+        print(f"{gpu} us: predicted latency (gpu/cost.py) for {n} rows where the row count "
               "is not static; registers from ptxas where its architecture was compiled")
     for r in rows:
         if r.get("note"):

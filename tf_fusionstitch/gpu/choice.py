@@ -6,7 +6,7 @@ per block), a block per row (128-1024 threads) and, for rows with
 reductions, a row split over 2-64 blocks (AStitch); and, per expensive value
 that a later loop needs, keeping it in shared memory or recomputing it (the
 paper tries expensive elementwise ops both ways). `choose_plan` keeps the
-candidate with the lowest predicted latency (gpu_cost.estimate) and the
+candidate with the lowest predicted latency (cost.estimate) and the
 column-count thresholds' plan unless a candidate beats it by more than
 `TIE`: the model ranks, it does not measure. No TensorFlow import here.
 """
@@ -18,10 +18,10 @@ import itertools
 import math
 from typing import List, Optional
 
-from tf_fusionstitch import gpu_cost
 from tf_fusionstitch.codegen import kernel_ir
-from tf_fusionstitch.gpu_schedule import (SMEM_BUDGET, WARP, GpuMapping, GpuPlan,
-                                          finish_plan, fit_hoisted, split_plan, static_cols)
+from tf_fusionstitch.gpu import cost
+from tf_fusionstitch.gpu.mapping import (SMEM_BUDGET, WARP, GpuMapping, GpuPlan, finish_plan,
+                                         fit_hoisted, split_plan, static_cols, threshold_plan)
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE, Schedule
 
 BLOCK_SIZES = (128, 256, 512, 1024)
@@ -43,13 +43,13 @@ TIE = 0.02
 @dataclasses.dataclass(frozen=True)
 class Scored:
     plan: GpuPlan
-    estimate: gpu_cost.Estimate
+    estimate: cost.Estimate
 
 
 def row_count(s: Schedule) -> Optional[int]:
     """Rows of the iteration space when every row axis is static."""
-    extents = [s.static_extent[a] for a in range(s.num_axes) if a not in s.col_axes]
-    return None if any(e is None for e in extents) else math.prod(extents)
+    sizes = [s.static_extent[a] for a in range(s.num_axes) if a not in s.col_axes]
+    return None if any(e is None for e in sizes) else math.prod(sizes)
 
 
 def candidate_plans(s: Schedule) -> List[GpuPlan]:
@@ -66,7 +66,7 @@ def candidate_plans(s: Schedule) -> List[GpuPlan]:
         kernel = kernel_ir.lower(sb)
         for mapping in _mappings(per_item, cols):
             plan = finish_plan(sb, kernel, mapping, dropped)
-            if gpu_cost.shared_bytes(plan) <= SMEM_BUDGET:
+            if cost.shared_bytes(plan) <= SMEM_BUDGET:
                 out.append(plan)
     if s.reductions and not s.tiled and cols:
         # AStitch's split of long rows: every thread keeps a column or more.
@@ -98,11 +98,11 @@ def _mappings(per_item: Optional[int], cols: Optional[int]) -> list:
 
 
 def score_all(s: Schedule, gpu, rows: Optional[int] = None) -> List[Scored]:
-    rows, cols = _extents(s, rows)
-    return [Scored(p, gpu_cost.estimate(p, gpu, rows, cols)) for p in candidate_plans(s)]
+    rows, cols = extents(s, rows)
+    return [Scored(p, cost.estimate(p, gpu, rows, cols)) for p in candidate_plans(s)]
 
 
-def _extents(s: Schedule, rows: Optional[int]) -> tuple:
+def extents(s: Schedule, rows: Optional[int]) -> tuple:
     """(rows, columns) to evaluate for. Without reductions a dynamic batch may
     sit in the column (tiled) axes, leaving no row axes: assume as many
     elements in all as ASSUMED_ROWS rows of ASSUMED_COLS."""
@@ -116,6 +116,15 @@ def _extents(s: Schedule, rows: Optional[int]) -> tuple:
     return rows, cols
 
 
+def plan_gpu(s: Schedule, gpu=None, rows: Optional[int] = None) -> GpuPlan:
+    """The mapping of `s`, lowered for it: the column-count thresholds' plan
+    (mapping.threshold_plan), or, given a `gpu` (a cost.GPUS name or
+    GpuSpec), the candidate that the latency evaluator predicts fastest for
+    `rows` rows (choose_plan)."""
+    default = threshold_plan(s)
+    return default if gpu is None else choose_plan(s, gpu, rows, default)
+
+
 def choose_plan(s: Schedule, gpu, rows: Optional[int] = None,
                 default: Optional[GpuPlan] = None) -> GpuPlan:
     """The fastest candidate for `gpu`; `default` (the thresholds' plan) where
@@ -124,8 +133,8 @@ def choose_plan(s: Schedule, gpu, rows: Optional[int] = None,
     best = min(scored, key=lambda c: c.estimate.latency_s)
     if default is None:
         return best.plan
-    n_rows, cols = _extents(s, rows)
-    base = gpu_cost.estimate(default, gpu, n_rows, cols).latency_s
+    n_rows, cols = extents(s, rows)
+    base = cost.estimate(default, gpu, n_rows, cols).latency_s
     if best.estimate.latency_s < base * (1 - TIE):
         return best.plan
     return default

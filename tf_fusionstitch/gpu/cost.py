@@ -9,7 +9,7 @@
   times that.
 - *occupancy*: blocks resident per SM from the block size, registers (ptxas'
   count when given, else `estimate_registers`) and shared memory
-  (`shared_bytes`, as the printer allocates it), by gpu_occupancy.py.
+  (`shared_bytes`, as the printer allocates it), by occupancy.py.
 - *waves* = ceil(blocks / (SMs x resident blocks per SM)).
 - *wave time*: a warp's issue cost `warp_cycles` (instructions weighted by
   their issue cycles: global and shared accesses by the 32-byte sectors a
@@ -18,10 +18,10 @@
   warps are resident to hide memory latency, that cost plus the DRAM round
   trips of the warp's own dependent loads. Memory time is at least what the
   resident warps' bytes in flight allow per DRAM round trip (Little's law).
-- a row split across blocks (gpu_schedule.split_plan) pays its slices'
+- a row split across blocks (mapping.split_plan) pays its slices'
   partials and KERNEL_BOUNDARY_S per extra launch.
 
-It ranks candidate plans (gpu_schedule.choose_plan); its absolute numbers
+It ranks candidate plans (choice.choose_plan); its absolute numbers
 are estimates, not measurements. No TensorFlow import here.
 """
 
@@ -33,7 +33,7 @@ from typing import Optional, Union
 
 from tf_fusionstitch.codegen import kernel_ir as k
 from tf_fusionstitch.fusion_ir import DTYPE_BYTES, EXPENSIVE
-from tf_fusionstitch.gpu_occupancy import SM_LIMITS, SmLimits, blocks_per_sm
+from tf_fusionstitch.gpu.occupancy import SM_LIMITS, SmLimits, blocks_per_sm
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE
 
 

@@ -18,11 +18,11 @@ import pathlib
 from typing import Dict, Optional, Sequence
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch import gpu_cost
 from tf_fusionstitch.codegen.generate import (GeneratedCudaKernel, generate_cuda,
                                               generate_gpu_emulation)
 from tf_fusionstitch.codegen.gpu_printer import KERNEL_NAME, NVRTC_OPTIONS, split_workspace
-from tf_fusionstitch.gpu_schedule import split_phases
+from tf_fusionstitch.gpu import cost
+from tf_fusionstitch.gpu.mapping import split_phases
 from tf_fusionstitch.runtime import cpu_compiler, nvrtc
 from tf_fusionstitch.runtime.cuda_kernel import CudaKernel, HostShape
 
@@ -72,16 +72,16 @@ def host_shape(generated: GeneratedCudaKernel, timeout: float = 120) -> HostShap
 
 
 def device_gpu() -> Optional[str]:
-    """The gpu_cost.GPUS name of the current device, or None (needs CuPy)."""
+    """The cost.GPUS name of the current device, or None (needs CuPy)."""
     import cupy
     name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
-    return gpu_cost.gpu_named(name.decode() if isinstance(name, bytes) else name)
+    return cost.gpu_named(name.decode() if isinstance(name, bytes) else name)
 
 
 def load_cuda(cluster: ir.Cluster, gpu=None, plan=None) -> CudaKernel:
     """The cluster's CUDA kernel on the current GPU (needs CuPy and a GPU),
     compiled by NVRTC for the device's architecture with NVRTC_OPTIONS: of
-    `plan`, else of the plan chosen for `gpu` (a gpu_cost.GPUS name; "auto":
+    `plan`, else of the plan chosen for `gpu` (a cost.GPUS name; "auto":
     the one the device's name contains, if any; None: the thresholds)."""
     import cupy
     if gpu == "auto":

@@ -28,10 +28,10 @@ computed once per block into shared memory under the same condition, else
 inline. Either fallback re-lowers the schedule, so the kernel IR says exactly
 what the kernel does.
 
-These thresholds are the plan without a target GPU. Given one,
-`plan_gpu(s, gpu="H100")` lets FusionStitching's latency evaluator
-(gpu_cost.py) choose among every mapping, block size and buffer-or-recompute
-alternative (gpu_choice.py), keeping this plan where nothing is predicted
+These thresholds are the plan without a target GPU (`threshold_plan`). Given
+one, `choice.plan_gpu(s, gpu="H100")` lets FusionStitching's latency
+evaluator (cost.py) choose among every mapping, block size and
+buffer-or-recompute alternative, keeping this plan where nothing is predicted
 faster. No TensorFlow import here.
 """
 
@@ -124,19 +124,8 @@ def static_cols(s: Schedule) -> Optional[int]:
     return math.prod(extents)
 
 
-def plan_gpu(s: Schedule, gpu=None, rows: Optional[int] = None) -> GpuPlan:
-    """Chooses the mapping and lowers the schedule for it: by the column-count
-    thresholds above, or, given a `gpu` (a gpu_cost.GPUS name or GpuSpec),
-    the candidate that the latency evaluator predicts fastest for `rows`
-    rows (see choose_plan)."""
-    default = _threshold_plan(s)
-    if gpu is None:
-        return default
-    from tf_fusionstitch import gpu_choice  # the evaluator's loop imports this module
-    return gpu_choice.choose_plan(s, gpu, rows, default)
-
-
-def _threshold_plan(s: Schedule) -> GpuPlan:
+def threshold_plan(s: Schedule) -> GpuPlan:
+    """The plan the column-count thresholds above choose, without a target GPU."""
     cols = static_cols(s)
     per_item = None if cols is None else (min(cols, ELEMENTWISE_TILE) if s.tiled else cols)
     types = s.cluster.types()
