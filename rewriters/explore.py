@@ -10,7 +10,7 @@ Five steps over the fusible nodes (clustering.fusible_nodes):
    side: nothing, or one of its k patterns: (k+1)^2 - 1 unions), the top k of
    a group go on as one "consumer" to the next round of pairing, until one
    list is left (wide fan-out costs O(consumers * k^2) checks, not k^consumers).
-   A pattern is legal when it creates no cycle (clustering.Reachability),
+   A pattern is legal when it creates no cycle (cycles.Reachability),
    lowers to a cluster within a kernel's size (fusion_ir.MAX_INPUTS and
    MAX_OPS: lowering checks it even where it skips the other checks) that
    schedule.build_schedule accepts and, in a loop
@@ -76,8 +76,9 @@ import time
 from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.rewriters import cpu_costs, op_table, packing, recurrences
-from tf_fusionstitch.rewriters.clustering import LOWERING_ERRORS, Reachability, cpu_schedule
+from tf_fusionstitch.rewriters import cpu_costs, legality, op_table, packing, recurrences
+from tf_fusionstitch.rewriters.cycles import Reachability
+from tf_fusionstitch.rewriters.legality import LOWERING_ERRORS, cpu_schedule
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.lowering import lower_nodes
 from tf_fusionstitch.rewriters.pattern_key import pattern_key
@@ -119,14 +120,16 @@ Pattern = FrozenSet[str]
 class _Explorer:
     def __init__(self, view: GraphView, candidates: Set[str], fetches: Set[Tensor],
                  k: int, beam: int, costs: Dict,
-                 recurrence: Optional[Dict[str, int]] = None):
+                 recurrence: Optional[Dict[str, int]] = None,
+                 refusals: Optional[legality.Refusals] = None):
         self.view, self.candidates, self.fetches = view, candidates, fetches
+        self.refusals = refusals   # hears why a producer-consumer pair was refused
         # node -> its loop recurrence (recurrences.py); none outside loops
         self.recurrence = recurrence or {}
         self.k, self.beam, self.costs = k, beam, costs
         self.stats = ExploreStats(k, beam)
         self._cache: Dict[Pattern, Optional[float]] = {}
-        # pattern_key -> (score, _space entry, compute), None score if illegal
+        # pattern_key -> (score, _space entry, compute, decision), None score if illegal
         self._by_structure: Dict[tuple, tuple] = {}
         self._space: Dict[Pattern, Optional[tuple]] = {}  # see _space_key
         self._alone: Dict[str, float] = {}            # see _seconds_alone
@@ -216,24 +219,29 @@ class _Explorer:
         if nodes not in self._cache:
             self.stats.patterns_checked += 1
             verdict = None
-            if recurrences.joins_apart(self.recurrence, nodes):
+            decision = legality.one_recurrence(self.recurrence, nodes)
+            if not decision:
                 self.stats.across_recurrences += 1
-            elif len(nodes) == 1 or not self._reach.creates_cycle(nodes):
-                verdict = self._structure(nodes)
+            else:
+                decision = legality.acyclic(len(nodes) > 1 and self._reach.creates_cycle(nodes))
+            if decision:
+                verdict, decision = self._structure(nodes)
             if verdict is not None:
                 self.stats.legal_patterns += 1
+            elif self.refusals is not None and len(nodes) == 2:
+                self.refusals.note(nodes, decision)
             self._cache[nodes] = verdict
         return self._cache[nodes]
 
-    def _structure(self, nodes: Pattern) -> Optional[float]:
+    def _structure(self, nodes: Pattern) -> Tuple[Optional[float], legality.Decision]:
         """The score of the nodes' structure (None if it does not lower and
-        schedule), from the first node set of that structure checked: sets
-        with equal pattern keys lower to the same cluster."""
+        schedule, with the reason), from the first node set of that
+        structure checked: sets with equal pattern keys lower to the same
+        cluster."""
         key = pattern_key(self.view, nodes, self.fetches)
         known = self._by_structure.get(key)
         if known is None:
             self.stats.structures += 1
-            known = (None, None, None)
             try:
                 # Priced only: fusion_pass lowers the chosen kernels again, validated.
                 lowered = lower_nodes(self.view, sorted(nodes, key=self.view.position.get),
@@ -242,16 +250,16 @@ class _Explorer:
                 space = None if None in schedule.static_extent else (
                     schedule.tiled, tuple(sorted(schedule.static_extent)))
                 known = (self._score(lowered, schedule, nodes), space,
-                         self._compute(lowered.cluster))
-            except LOWERING_ERRORS:
-                pass
+                         self._compute(lowered.cluster), legality.OK)
+            except LOWERING_ERRORS as e:
+                known = (None, None, None, legality.refuse(str(e)))
             self._by_structure[key] = known
-        score, space, compute = known
+        score, space, compute, decision = known
         if score is not None:
             self._space[nodes] = space
             if len(nodes) == 1:  # the op alone: its compute, lowered once per structure
                 self._compute_alone[next(iter(nodes))] = compute
-        return score
+        return score, decision
 
     # -- 1. PatternReduction ----------------------------------------------------
 
@@ -475,17 +483,19 @@ def _span(unit: str, nodes, position: Dict[str, int]) -> Tuple[int, int, str]:
 def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
                   k: int = 3, beam: int = 3, costs: Optional[Dict] = None,
                   costs_source: str = "builtin", pack: bool = True,
-                  loop_vars: Sequence[recurrences.LoopVar] = ()
+                  loop_vars: Sequence[recurrences.LoopVar] = (),
+                  refusals: Optional[legality.Refusals] = None
                   ) -> Tuple[List[List[str]], ExploreStats]:
     """The explored plan: clusters (every candidate in exactly one, in
     topological order) and what the exploration did. `costs`: the delta
     evaluator's (cpu_costs.py), cpu_costs.BUILTIN if None. `pack`: step 5,
     packing.py's packs; `loop_vars`: a loop body's variables, (argument
-    node, value returned for it) in order, () outside loops."""
+    node, value returned for it) in order, () outside loops; `refusals`
+    hears why a producer-consumer pair could not be one kernel."""
     start = time.perf_counter()
     costs = cpu_costs.validate(dict(costs or cpu_costs.BUILTIN))
     recurrence = recurrences.recurrence_ids(view, loop_vars, candidates)
-    explorer = _Explorer(view, candidates, fetches, k, beam, costs, recurrence)
+    explorer = _Explorer(view, candidates, fetches, k, beam, costs, recurrence, refusals)
     explorer.stats.costs = costs_source
     plan = explorer.best_plan(explorer.candidate_patterns())
     kernels = explorer.refine(plan)

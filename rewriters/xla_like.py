@@ -31,9 +31,8 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, types_pb2
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.rewriters import op_table
-from tf_fusionstitch.rewriters.clustering import (LOWERING_ERRORS, cpu_schedule, creates_cycle,
-                                                  grow_clusters)
+from tf_fusionstitch.rewriters import cycles, legality, op_table
+from tf_fusionstitch.rewriters.clustering import grow_clusters
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor, parse_input
 from tf_fusionstitch.rewriters.lowering import lower_nodes
 
@@ -103,41 +102,17 @@ def _expand_one(node, out, types, taken: Set[str]) -> None:
 
 # -- legality ----------------------------------------------------------------
 
-def reads_a_reduction(cluster: ir.Cluster) -> str:
-    """Why `cluster` breaks 'a reduction ends a fusion', or ''."""
-    reduced = {op.name for op in cluster.ops if op.prim in ir.REDUCE}
-    for op in cluster.ops:
-        read = reduced.intersection(op.inputs)
-        if read:
-            return f"{op.prim} reads the reduction {sorted(read)[0]} in the same fusion"
-    return ""
-
-
-def _roots(view: GraphView, nodes: List[str]) -> List[str]:
-    """Members that no other member reads: the fusion's roots."""
-    members = set(nodes)
-    return [n for n in nodes if not any(c in members for c in view.consumers[n])]
-
-
 def fusion_decision(view: GraphView, nodes: List[str], owner: Dict[str, str],
-                    members: Dict[str, List[str]], fetches: Set[Tensor]) -> str:
-    """'' when `nodes` (a producer fusion joined to its consumer's) may be one
-    fusion under XLA's rules, else the reason it may not."""
-    roots = _roots(view, nodes)
-    if len(roots) != 1:
-        return f"{len(roots)} roots ({', '.join(roots[:3])}): sibling fusion"
+                    members: Dict[str, List[str]], fetches: Set[Tensor]) -> legality.Decision:
+    """Whether `nodes` (a producer fusion joined to its consumer's) may be one
+    fusion under XLA's rules."""
     # the consumer being visited is the last of `nodes` (grow_clusters)
-    if creates_cycle(view, set(nodes), owner, members,
-                     after=max(view.position[n] for n in nodes)):
-        return "the fusion would create a cycle"
-    try:
-        cluster = lower_nodes(view, nodes, fetches).cluster
-        reason = reads_a_reduction(cluster)
-        if not reason:
-            cpu_schedule(cluster)
-    except LOWERING_ERRORS as e:
-        reason = str(e)
-    return reason
+    last = max(view.position[n] for n in nodes)
+    return legality.first_refusal(
+        lambda: legality.single_root(view, nodes),
+        lambda: legality.acyclic(cycles.creates_cycle(view, set(nodes), owner, members,
+                                                      after=last)),
+        lambda: legality.lowered(view, nodes, fetches, legality.no_reduction_read))
 
 
 def unfusible_alone(view: GraphView, candidates: Set[str], fetches: Set[Tensor]) -> Dict[str, str]:
@@ -148,16 +123,18 @@ def unfusible_alone(view: GraphView, candidates: Set[str], fetches: Set[Tensor])
     for name in candidates:
         if op_table.OP_TABLE[view.nodes[name].op].kind != op_table.COMPOSITE:
             continue
-        reason = reads_a_reduction(lower_nodes(view, [name], fetches).cluster)
-        if reason:
-            rejected[name] = f"fusion='xla_like' would split this op: {reason}"
+        decision = legality.no_reduction_read(lower_nodes(view, [name], fetches).cluster)
+        if not decision:
+            rejected[name] = f"fusion='xla_like' would split this op: {decision.reason}"
     return rejected
 
 
 # -- the pass ----------------------------------------------------------------
 
-def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor]) -> List[List[str]]:
+def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
+                  refusals: Optional[legality.Refusals] = None) -> List[List[str]]:
     """Visit consumers in topological order and fuse each producer's fusion
-    into the consumer's whenever fusion_decision allows it."""
+    into the consumer's whenever fusion_decision allows it; `refusals`
+    hears why a merge was refused."""
     return grow_clusters(view, candidates, lambda merged, owner, members, *_: fusion_decision(
-        view, merged, owner, members, fetches))
+        view, merged, owner, members, fetches), refusals=refusals)

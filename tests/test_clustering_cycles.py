@@ -1,4 +1,4 @@
-"""The greedy clustering's incremental cycle check (clustering.ClusterGraph)
+"""The greedy clustering's incremental cycle check (cycles.ClusterGraph)
 gives the verdict of creates_cycle's walk through whole clusters, its
 reference (form_clusters(cycle_walk=True)), on every merge attempt.
 
@@ -19,7 +19,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from clustering_testlib import plans, recorded_results
-from tf_fusionstitch.rewriters import clustering
+from tf_fusionstitch.rewriters import clustering, cycles, legality
 from tf_fusionstitch.rewriters.graph_view import GraphView
 
 F32 = tf.float32
@@ -50,19 +50,20 @@ def _verdicts(view: GraphView, candidates, gen: np.random.Generator):
     (which decides) and ClusterGraph: their verdicts per attempt, the
     clusters formed, and the ClusterGraph with grow_clusters' last owner and
     members."""
-    graph = clustering.ClusterGraph(view)
+    graph = cycles.ClusterGraph(view)
     walked, incremental, state = [], [], {}
 
-    def refuse(merged, owner, members, fusion, producer):
+    def decide(merged, owner, members, fusion, producer):
         state.update(owner=owner, members=members)
         last = max(merged, key=view.position.__getitem__)
-        walked.append(clustering.creates_cycle(view, set(merged), owner, members,
-                                               after=view.position[last]))
+        walked.append(cycles.creates_cycle(view, set(merged), owner, members,
+                                           after=view.position[last]))
         incremental.append(graph.creates_cycle(fusion, producer, owner))
         # a fifth of the legal merges refused as a failed lowering would be
-        return walked[-1] or gen.random() < 0.2
+        return legality.refuse("refused") if walked[-1] or gen.random() < 0.2 \
+            else legality.OK
 
-    groups = clustering.grow_clusters(view, candidates, refuse, joined=graph.join)
+    groups = clustering.grow_clusters(view, candidates, decide, joined=graph.join)
     return walked, incremental, groups, (graph, state["owner"], state["members"])
 
 
@@ -107,16 +108,16 @@ class RandomDagTest(tf.test.TestCase):
         self.assertGreater(attempts - cycles, 1000)
 
     def test_renumbered_ranks_keep_the_order(self):
-        # ranks are renumbered once they grow past _LONGEST_RANK entries:
+        # ranks are renumbered once they grow past LONGEST_RANK entries:
         # lowered here so that it happens in graphs this small
         renumbered = []
-        real = clustering.ClusterGraph._renumber
+        real = cycles.ClusterGraph.renumber
 
         def counted(graph):
             renumbered.append(1)
             real(graph)
-        with mock.patch.object(clustering, "_LONGEST_RANK", 4), \
-                mock.patch.object(clustering.ClusterGraph, "_renumber", counted):
+        with mock.patch.object(cycles, "LONGEST_RANK", 4), \
+                mock.patch.object(cycles.ClusterGraph, "renumber", counted):
             self.assertAgreeOnRandomDags(4200, trials=4)
         self.assertGreater(len(renumbered), 5)
 
@@ -127,7 +128,7 @@ class RandomDagTest(tf.test.TestCase):
         gd.node.add(name="n1", op="NoOp", input=["n0"])
         gd.node.add(name="n2", op="NoOp", input=["n0", "n1"])
         view = GraphView(gd, {})
-        graph = clustering.ClusterGraph(view)
+        graph = cycles.ClusterGraph(view)
         owner = {"n0": "n0", "n2": "n2"}
         members = {"n0": ["n0"], "n2": ["n2"]}
         self.assertTrue(graph.creates_cycle("n2", "n0", owner))
@@ -172,7 +173,7 @@ class TracedGraphTest(tf.test.TestCase):
     def assertSamePlans(self, fn, *specs):
         """form_clusters with ClusterGraph and with the walk form the same
         clusters, and some merge on the way closes a cycle."""
-        with recorded_results(clustering.ClusterGraph, "creates_cycle") as closing:
+        with recorded_results(cycles.ClusterGraph, "creates_cycle") as closing:
             incremental, walked = plans(fn, specs, {}, {"cycle_walk": True})
         self.assertEqual(incremental, walked)
         self.assertGreater(sum(closing), 3)      # cycles were refused

@@ -18,7 +18,7 @@ from tensorflow.core.framework import graph_pb2
 import tf_fusionstitch as fs
 from optimize_testlib import (EPS, assert_same, assert_train_steps_match, fusion_stitch_nodes,
                               quiet_call, random, rng, to_numpy)
-from tf_fusionstitch.rewriters.clustering import Reachability, cluster_spans, creates_cycle
+from tf_fusionstitch.rewriters.cycles import Reachability, cluster_spans, creates_cycle
 from tf_fusionstitch.rewriters.graph_view import GraphView
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))

@@ -6,7 +6,8 @@ score; one that differs for equal structures only costs time."""
 import tensorflow as tf
 
 from optimize_testlib import traced_types
-from tf_fusionstitch.rewriters.clustering import LOWERING_ERRORS, fusible_nodes
+from tf_fusionstitch.rewriters.clustering import fusible_nodes
+from tf_fusionstitch.rewriters.legality import LOWERING_ERRORS
 from tf_fusionstitch.rewriters.dim_origins import DimOrigins
 from tf_fusionstitch.rewriters.graph_view import GraphView
 from tf_fusionstitch.rewriters.lowering import lower_nodes
