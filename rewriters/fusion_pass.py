@@ -1,11 +1,8 @@
 """The fusion pass: GraphDef in, GraphDef with FusionStitch nodes out.
 
-Find fusible nodes (op table), form clusters by one of three strategies, build
-one kernel per cluster, and substitute. "stitch" (clustering.py) lets a
-reduction share a kernel with the ops that read it, then packs kernels that
-no path connects into one launch (packing.py); "xla_like" (xla_like.py)
-follows XLA's rules, for comparison; "explore" (explore.py) searches fusion
-plans with FusionStitching's delta evaluator and packs independent kernels.
+Find fusible nodes (op table), form clusters by one of the strategies
+(strategies.py: "stitch", "xla_like", "explore"), build one kernel per
+cluster, and substitute.
 Any cluster whose kernel cannot be lowered, generated, compiled or registered
 stays as TensorFlow ops; the reason goes to the report. A pack that does not
 lower, or that the generator refuses, is split: its parts, each a cluster
@@ -26,20 +23,17 @@ import time
 from typing import Callable, Dict, List, Optional, Set
 
 from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch.options import FusionOptions
 from tf_fusionstitch.report import ClusterReport
-from tf_fusionstitch.rewriters import (call_dims, clustering, decided_shapes, einsum_matmul,
-                                       explore, function_bodies, function_graphs,
-                                       loop_gradients, op_table, packing, recurrences,
-                                       remapper_epilogues, slice_gradients, variable_updates,
-                                       xla_like)
+from tf_fusionstitch.rewriters import (call_dims, decided_shapes, einsum_matmul,
+                                       function_bodies, function_graphs, legality,
+                                       loop_gradients, op_table, packing, remapper_epilogues,
+                                       slice_gradients, strategies, variable_updates)
 from tf_fusionstitch.rewriters.clustering import fusible_nodes
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.kernel_count import memory_intensive_kernels
 from tf_fusionstitch.rewriters.lowering import LoweredCluster, lower_nodes
 from tf_fusionstitch.rewriters.substitute import Replacement, substitute
-
-FUSION_STRATEGIES = ("stitch", "xla_like", "explore")
-
 
 @dataclasses.dataclass
 class PassResult:
@@ -76,6 +70,27 @@ def _worth_a_kernel(c: ir.Cluster, min_cluster_ops: int) -> bool:
     return prims >= min_cluster_ops or any(op.prim in ir.SCATTER for op in c.ops)
 
 
+def _why_unfused(formed: strategies.Formed, reports: List[ClusterReport],
+                 min_cluster_ops: int) -> Callable[[str], str]:
+    """Why a fusible op that no kernel took stays a TF op: its kernel fell
+    back, or its cluster was too small to be worth a kernel, and then the
+    first reason a larger one was refused."""
+    fell_back = {n: r.reason for r in reports if not r.fused for n, _ in r.tf_ops}
+    size = {n: len(g) for g in formed.groups for n in g}
+
+    def why(node: str) -> str:
+        if node in fell_back:
+            return f"its kernel fell back: {fell_back[node]}"
+        small = (f"in a cluster of fewer than min_cluster_ops={min_cluster_ops} primitives "
+                 "(shape and constant ops do not count)")
+        if node in formed.refusals:
+            return f"{small}; a larger kernel was refused: {formed.refusals[node]}"
+        if size.get(node, 1) == 1:
+            return f"{small}: no fusible neighbour, or the plan kept it apart"
+        return small
+    return why
+
+
 def _lower_groups(view: GraphView, groups: List[List[str]], fetches: Set[Tensor],
                   min_cluster_ops: int, reports: List[ClusterReport]) -> List[LoweredCluster]:
     """The groups' clusters worth a kernel. A group that does not lower
@@ -85,7 +100,7 @@ def _lower_groups(view: GraphView, groups: List[List[str]], fetches: Set[Tensor]
     for nodes in groups:
         try:
             lc = lower_nodes(view, nodes, fetches)
-        except clustering.LOWERING_ERRORS as e:
+        except legality.LOWERING_ERRORS as e:
             parts = packing.pack_parts(view, nodes)
             if len(parts) > 1:
                 reports.append(_split_report(nodes, len(parts), f"lowering: {e}"))
@@ -111,7 +126,7 @@ def _build_groups(view: GraphView, build, lowered: List[LoweredCluster], fetches
     built, parts = [], []
     for lc, (kernel, error) in zip(lowered, _build_all(build, [lc.cluster for lc in lowered])):
         split = packing.pack_parts(view, lc.nodes) \
-            if isinstance(error, clustering.LOWERING_ERRORS) else [lc.nodes]
+            if isinstance(error, legality.LOWERING_ERRORS) else [lc.nodes]
         if len(split) > 1:
             reports.append(_split_report(lc.nodes, len(split), _reason(error)))
             parts += split
@@ -174,24 +189,20 @@ def one_at_a_time(build_one: Callable[[ir.Cluster], object]):
 
 def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
                     build: Callable[[List[ir.Cluster]], list],
-                    min_cluster_ops: int = 2, fusion: str = "stitch",
-                    explore_k: int = 3, explore_beam: int = 3, pack: bool = True,
+                    options: FusionOptions = FusionOptions(),
                     costs: Optional[Dict] = None, costs_source: str = "builtin",
                     input_equalities: Optional[decided_shapes.InputEqualities] = None
                     ) -> PassResult:
     """`build(clusters)` returns, per cluster, an object with .key/.spec/
     .num_loops/.buffered/.parts (kernels.CompiledKernel) made runnable, or the
     exception that stopped that cluster (one_at_a_time makes one from a
-    function that builds a single cluster or raises). `fusion` is
-    one of FUSION_STRATEGIES; explore_k and explore_beam are fusion="explore"'s
-    candidate patterns per vertex and beam width, `costs` its delta
-    evaluator's costs (cpu_costs.py; BUILTIN if None) and `costs_source` where
-    they came from, for the report; `pack`: fusion="stitch" packs kernels that
-    no path connects (packing.py); `input_equalities`: equal input sizes the
-    pass may assume in the graph's own nodes (decided_shapes.py), and where
-    it reports those it relied on."""
-    if fusion not in FUSION_STRATEGIES:
-        raise ValueError(f"fusion={fusion!r}: expected one of {', '.join(FUSION_STRATEGIES)}")
+    function that builds a single cluster or raises). `options`: the
+    strategy (options.fusion) and its settings; `costs`: fusion="explore"'s
+    delta evaluator's costs (cpu_costs.py; BUILTIN if None) and
+    `costs_source` where they came from, for the report; `input_equalities`:
+    equal input sizes the pass may assume in the graph's own nodes
+    (decided_shapes.py), and where it reports those it relied on."""
+    strategy = strategies.STRATEGIES[options.fusion]
 
     before = memory_intensive_kernels(graph_def)   # the graph TF would run
     moved = None
@@ -204,9 +215,9 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
     calls = call_dims.CallDims(library) if graph_def.library.function else None
 
     def run_pass(gd, gd_types, gd_fetches, inputs=None, arg_facts=None, loop_vars=()):
-        context = decided_shapes.Context(arg_facts, calls, tuple(loop_vars))
-        return _fuse_graph(gd, gd_types, gd_fetches, build, min_cluster_ops, fusion,
-                           explore_k, explore_beam, pack, costs, costs_source, inputs, context)
+        shapes_context = decided_shapes.Context(arg_facts, calls, tuple(loop_vars))
+        context = strategies.Context(gd_fetches, options, tuple(loop_vars), costs, costs_source)
+        return _fuse_graph(gd, gd_types, build, strategy, context, inputs, shapes_context)
 
     # A function body's inputs are its caller's values, which no guard
     # checks: only what the caller proves of them (call_facts) holds there.
@@ -244,19 +255,19 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
     return result
 
 
-def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: int,
-                fusion: str, explore_k: int, explore_beam: int, pack: bool,
-                costs: Optional[Dict], costs_source: str,
+def _fuse_graph(graph_def, types, build, strategy: strategies.Strategy,
+                context: strategies.Context,
                 input_equalities: Optional[decided_shapes.InputEqualities],
-                context: decided_shapes.Context) -> PassResult:
+                shapes_context: decided_shapes.Context) -> PassResult:
     """The pass over `graph_def`'s own nodes."""
+    fetches, min_cluster_ops = context.fetches, context.options.min_cluster_ops
     before = memory_intensive_kernels(graph_def)  # of the graph as given, before any expansion
     graph_def, types, _ = variable_updates.fold_variable_updates(
         graph_def, types, op_table.is_memory_intensive)
     graph_def, _ = variable_updates.forward_assigned_reads(graph_def, fetches)
-    analyses = decided_shapes.Analyses(context, fetches)   # shared while the graph stays
-    graph_def, types = decided_shapes.fold(graph_def, types, fetches, input_equalities, context,
-                                           analyses)
+    analyses = decided_shapes.Analyses(shapes_context, fetches)  # shared while the graph stays
+    graph_def, types = decided_shapes.fold(graph_def, types, fetches, input_equalities,
+                                           shapes_context, analyses)
     assumed = input_equalities.assumed if input_equalities else set()
     if slice_gradients.candidates(graph_def):
         graph_def, types, _ = slice_gradients.concat_tiled_slice_gradients(
@@ -265,40 +276,23 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
     if einsum_matmul.candidates(graph_def):   # their transposes may then fuse
         graph_def, types, _ = einsum_matmul.rewrite(
             graph_def, types, lambda g, t: analyses.origins(g, t, assumed))
-    if fusion == "xla_like":
-        graph_def, types = xla_like.expand_softmax(graph_def, types)
+    graph_def, types = strategy.prepare(graph_def, types)
     # What is proven of the graph's dynamic sizes: kernels learn which of
     # their inputs' extents are equal, and called functions their arguments'.
     origins = analyses.origins(graph_def, types, assumed)
     view = analyses.view(graph_def, types).with_dims(origins.dims)
     call_facts = {node: {fname: call_dims.portable(args) for fname, args in by_function.items()}
                   for node, by_function in origins.call_args.items()}
-    exploration = ""
     verdict = fusible_nodes(view, fetches)
     candidates = {n for n, why in verdict.items() if not why}
     epilogues = remapper_epilogues.fused_epilogues(graph_def, fetches, candidates)
     verdict.update(epilogues)
     candidates = {n for n, why in verdict.items() if not why}
     remapper_fused = sum(op_table.is_memory_intensive(view.nodes[n].op) for n in epilogues)
-    if fusion == "xla_like":
-        verdict.update(xla_like.unfusible_alone(view, candidates, fetches))
-        candidates = {n for n, why in verdict.items() if not why}
-        groups = xla_like.form_clusters(view, candidates, fetches)
-    elif fusion == "explore":
-        groups, stats = explore.form_clusters(view, candidates, fetches,
-                                              k=explore_k, beam=explore_beam, costs=costs,
-                                              costs_source=costs_source, pack=pack,
-                                              loop_vars=context.loop_vars)
-        exploration = str(stats)
-    else:
-        recurrence = recurrences.recurrence_ids(view, context.loop_vars, candidates)
-        groups = clustering.form_clusters(view, candidates, fetches, recurrence)
-        if pack:
-            groups = packing.pack_clusters(
-                view, groups, fetches,
-                recurrences.waited_for(view, context.loop_vars, recurrence))
+    formed = strategy.form_clusters(view, candidates, context)
+    verdict.update(formed.rejected)
     reports: List[ClusterReport] = []
-    lowered = _lower_groups(view, groups, fetches, min_cluster_ops, reports)
+    lowered = _lower_groups(view, formed.groups, fetches, min_cluster_ops, reports)
     start = time.perf_counter()
     built = _build_groups(view, build, lowered, fetches, min_cluster_ops, reports)
     compile_seconds = time.perf_counter() - start
@@ -321,10 +315,11 @@ def _fuse_graph(graph_def, types, fetches: Set[Tensor], build, min_cluster_ops: 
 
     after = memory_intensive_kernels(new_gd)
     fused = {n for lc, k, _ in built if k is not None for n in lc.nodes}
-    unfused = [(n, view.nodes[n].op, why or "no profitable cluster")
+    why_unfused = _why_unfused(formed, reports, min_cluster_ops)
+    unfused = [(n, view.nodes[n].op, why or why_unfused(n))
                for n, why in verdict.items()
                if n not in fused and op_table.is_memory_intensive(view.nodes[n].op)]
     return PassResult(new_gd, tensor_map, reports, before - remapper_fused,
-                      after - remapper_fused, compile_seconds, unfused, exploration,
+                      after - remapper_fused, compile_seconds, unfused, formed.exploration,
                       call_facts=call_facts, remapper_fused=remapper_fused)
 

@@ -8,6 +8,7 @@ import types
 import tensorflow as tf
 
 from optimize_testlib import traced_types
+from tf_fusionstitch.options import FusionOptions
 from tf_fusionstitch.rewriters import grappler
 from tf_fusionstitch.rewriters.fusion_pass import one_at_a_time, run_fusion_pass
 
@@ -32,7 +33,8 @@ class BuildOnceTest(tf.test.TestCase):
     def _run(self, build):
         graph_def, types_, fetches = _prepared(
             _chains, tf.TensorSpec([8, 16]), tf.TensorSpec([8, 16]), tf.TensorSpec([16, 16]))
-        return run_fusion_pass(graph_def, types_, fetches, one_at_a_time(build), pack=False)
+        return run_fusion_pass(graph_def, types_, fetches, one_at_a_time(build),
+                               FusionOptions(pack=False))
 
     def test_equal_clusters_are_built_once_and_share_the_kernel(self):
         built = []

@@ -22,63 +22,25 @@ import re
 import threading
 import time
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import tensorflow as tf
 
 from tf_fusionstitch import (background, graph_check, kernels, measured_choice,
                              rewrite_cache, trace_names)
+from tf_fusionstitch.options import FusionOptions
 from tf_fusionstitch.report import Report
 from tf_fusionstitch.rewriters import (cpu_costs, decided_shapes, function_bodies, grappler,
                                        shapes)
-from tf_fusionstitch.rewriters.fusion_pass import FUSION_STRATEGIES, run_fusion_pass
+from tf_fusionstitch.rewriters.fusion_pass import run_fusion_pass
 from tf_fusionstitch.rewriters.graph_view import parse_input, tensor_name
 from tf_fusionstitch.runtime import cache, cpu_compiler
 from tf_fusionstitch.versions import Version, Versions, call_sizes
 
-_OPTIONS = {
-    "min_cluster_ops": (int, 2, "smallest number of primitive ops worth a fused kernel"),
-    "grappler": (bool, True, "run TF's constant folding / arithmetic / dependency passes first"),
-    "compile_timeout": ((int, float), 120, "seconds one kernel compilation may take"),
-    "fusion": (str, "stitch", "the fusion strategy: 'stitch' (FusionStitching's greedy "
-               "stitching), 'xla_like' (XLA's fusion rules, to compare plans) or 'explore' "
-               "(FusionStitching's plan exploration with remote fusion)"),
-    "explore_k": (int, 3, "fusion='explore': candidate patterns kept per op (1 to 8)"),
-    "explore_beam": (int, 3, "fusion='explore': beam width of the plan search (1 to 16)"),
-    "costs": (str, "calibrated", "fusion='explore': the delta evaluator's costs, "
-              "'calibrated' (measured on this machine once, then cached: "
-              "rewriters/cpu_costs.py) or 'builtin'"),
-    "pack": (bool, True, "fusion='stitch' or 'explore': pack kernels that no path connects "
-             "into one launch (rewriters/packing.py)"),
-    "rewrite_cache": (bool, True, "reuse the rewrite of an identical traced graph from the "
-                      "disk cache (tf_fusionstitch/rewrite_cache.py)"),
-    "specialize": (bool, True, "where a call's arguments make dynamic sizes equal that decide "
-                   "a gradient's reduction, rewrite a version assuming them; every call "
-                   "checks its sizes and runs a version they fit "
-                   "(tf_fusionstitch/versions.py)"),
-    "measured_choice": (int, 0, "N > 0: each version's first calls alternate between the "
-                        "fused and the original function (one untimed and N timed calls of "
-                        "each) and the faster one runs from then on "
-                        "(tf_fusionstitch/measured_choice.py); 0: always the fused one"),
-    "background": (bool, False, "the first calls run the original function while the "
-                   "rewrite and its kernels' compilation run on a thread; calls run the "
-                   "optimized function once it is ready (tf_fusionstitch/background.py, "
-                   "OptimizedFunction.wait)"),
-}
-# Options that do not change the rewritten graph, so stay out of the rewrite cache's key.
-_NOT_IN_CACHE_KEY = ("rewrite_cache", "measured_choice", "background")
-# Options that only mean something under fusion="explore", and the ranges of the numeric ones.
-_EXPLORE_ONLY = ("explore_k", "explore_beam", "costs")
-_EXPLORE_RANGES = {"explore_k": (1, 8), "explore_beam": (1, 16)}
-_RANGES = {"measured_choice": (0, 1000)}
-# Options whose value must be one of a few.
-_CHOICES = {"fusion": FUSION_STRATEGIES, "costs": ("calibrated", "builtin")}
-
-
 class OptimizedFunction:
     """Callable like the original; `.report()` and `.graph_def` show the rewrite."""
 
-    def __init__(self, fn, options: Dict[str, Any]):
+    def __init__(self, fn, options: FusionOptions):
         self._original = fn
         self._options = options
         self._lock = threading.Lock()
@@ -98,7 +60,7 @@ class OptimizedFunction:
         self._name = name if isinstance(name, str) else name.decode()
         self._versions = Versions(self._make_function)
         self._traced_leaves: Optional[int] = None   # how many leaves a trace flattened
-        self._background = background.BackgroundRewrite() if options["background"] else None
+        self._background = background.BackgroundRewrite() if options.background else None
 
     def __call__(self, *args, **kwargs):
         if self._background is not None:
@@ -108,7 +70,7 @@ class OptimizedFunction:
                 return self._original(*args, **kwargs)
             else:
                 self._background.wait()   # an outer trace: build it with the optimized version
-        if not self._options["specialize"]:
+        if not self._options.specialize:
             return self._run(self._versions.generic, args, kwargs)
         version = self._versions.ready()
         if version is not None:
@@ -154,7 +116,7 @@ class OptimizedFunction:
         without running it, and returns the report of its latest trace (whose
         `failure` says why, when that trace could not be rewritten and runs
         the original)."""
-        if not self._options["specialize"]:
+        if not self._options.specialize:
             version = self._versions.generic
             version.fn.get_concrete_function(*args, **kwargs)
             return version.report
@@ -202,7 +164,7 @@ class OptimizedFunction:
     # -- tracing -----------------------------------------------------------
     def _make_function(self, version: Version):
         """The tf.function whose traces rewrite under `version`'s assumptions."""
-        calls = self._options["measured_choice"]
+        calls = self._options.measured_choice
         version.choice = measured_choice.MeasuredChoice(calls) if calls else None
         if self._python_fn is None:
             def trace_concrete(*flat_args):
@@ -291,7 +253,7 @@ class OptimizedFunction:
         except Exception as e:  # noqa: BLE001  (our failure: the trace runs the original)
             reason = _one_line(e)
             report = Report.failed(self._name, _signature_text(concrete),
-                                   self._options["fusion"], reason,
+                                   self._options.fusion, reason,
                                    time.perf_counter() - start)
             self._record(version, report, None, set(), set())
             return self._fallback(concrete, feeds, f"the rewrite failed ({reason}); "
@@ -328,14 +290,14 @@ class OptimizedFunction:
         control = [op.name for op in graph.control_outputs]
         # (dtype, shape) per tensor; TensorSpecs, 5x dearer, only if we rewrite
         known = {t.name: (t.dtype, t.shape) for op in graph.get_operations() for t in op.outputs}
-        costs, costs_source = None, self._options["costs"]
-        if self._options["fusion"] == "explore":
+        costs, costs_source = None, self._options.costs
+        if self._options.fusion == "explore":
             costs, costs_source = (cpu_costs.for_this_machine() if costs_source == "calibrated"
                                    else (dict(cpu_costs.BUILTIN), costs_source))
         key, names = None, None
-        if self._options["rewrite_cache"]:
+        if self._options.rewrite_cache:
             names = trace_names.TraceNames(graph_def)
-            options = {k: v for k, v in self._options.items() if k not in _NOT_IN_CACHE_KEY}
+            options = self._options.cache_key()
             if costs is not None:  # the plan depends on the values, not the option's name
                 options["costs"] = json.dumps(costs, sort_keys=True)
             options["equal_sizes"] = inputs.classes
@@ -346,7 +308,7 @@ class OptimizedFunction:
                           for name, (dtype, shape) in sorted(known.items())),
                 options, f"{tf.__version__} {tf.version.GIT_VERSION}")
             entry = rewrite_cache.load(key, self._register,
-                                       timeout=self._options["compile_timeout"],
+                                       timeout=self._options.compile_timeout,
                                        restore=names.specific)
             if entry is not None:
                 report = entry.report
@@ -354,7 +316,7 @@ class OptimizedFunction:
                 report.cache_hit = True
                 report.rewrite_seconds = time.perf_counter() - start
                 return entry.graph_def, entry.output_names, report
-        if self._options["grappler"]:
+        if self._options.grappler:
             graph_def = grappler.run_grappler(graph_def, graph, outputs + control)
         hints = {name: tf.TensorSpec(shape, dtype) for name, (dtype, shape) in known.items()}
         types = shapes.infer_types(graph_def, hints)
@@ -363,11 +325,8 @@ class OptimizedFunction:
         for name in outputs:
             src, port, _ = parse_input(name)
             fetches.add((src, port))
-        result = run_fusion_pass(graph_def, types, fetches, self._build,
-                                 self._options["min_cluster_ops"], self._options["fusion"],
-                                 self._options["explore_k"], self._options["explore_beam"],
-                                 self._options["pack"], costs, costs_source,
-                                 equalities)
+        result = run_fusion_pass(graph_def, types, fetches, self._build, self._options,
+                                 costs, costs_source, equalities)
         output_names = []
         for name in outputs:
             src, port, _ = parse_input(name)
@@ -375,7 +334,7 @@ class OptimizedFunction:
             output_names.append(mapped if ":" in mapped else mapped + ":0")
         report = Report(
             function=self._name, signature=_signature_text(concrete),
-            fusion=self._options["fusion"], exploration=result.exploration,
+            fusion=self._options.fusion, exploration=result.exploration,
             clusters=result.clusters, kernels_before=result.kernels_before,
             kernels_after=result.kernels_after, compile_seconds=result.compile_seconds,
             compilations=cpu_compiler.compilations - compilations,
@@ -402,8 +361,8 @@ class OptimizedFunction:
     def _build(self, clusters):
         """A registered kernel, or the exception that stopped it, per cluster;
         the missing kernels are compiled several to a compiler run."""
-        from tf_fusionstitch.custom_ops import loader  # builds the op library once
-        built = kernels.build_cpu_kernels(clusters, timeout=self._options["compile_timeout"])
+        from tf_fusionstitch.custom_ops import loader  # noqa: F401  (builds the op library once)
+        built = kernels.build_cpu_kernels(clusters, timeout=self._options.compile_timeout)
         for i, kernel in enumerate(built):
             if not isinstance(kernel, Exception):
                 try:
@@ -414,7 +373,7 @@ class OptimizedFunction:
 
     @staticmethod
     def _register(kernel):
-        from tf_fusionstitch.custom_ops import loader  # builds the op library once
+        from tf_fusionstitch.custom_ops import loader  # noqa: F401  (builds the op library once)
         loader.register_kernel(kernel.key, kernel.path, kernel.spec, kernel.symbol)
 
 
@@ -545,34 +504,4 @@ def optimize(fn, **options) -> OptimizedFunction:
     if getattr(fn, "_jit_compile", None):
         raise ValueError("optimize() got a tf.function with jit_compile=True; XLA would "
                          "compile it as a whole. Pass the function without jit_compile.")
-    resolved = {}
-    for key, value in options.items():
-        if key not in _OPTIONS:
-            known = ", ".join(sorted(_OPTIONS))
-            raise TypeError(f"optimize() got an unknown option {key!r}; options are: {known}")
-        types, _, what = _OPTIONS[key]
-        if not isinstance(value, types) or isinstance(value, bool) != (types is bool):
-            raise TypeError(f"optimize() option {key}={value!r}: expected {what} "
-                            f"({getattr(types, '__name__', types)})")
-        if key in _CHOICES and value not in _CHOICES[key]:
-            allowed = ", ".join(repr(c) for c in _CHOICES[key])
-            raise ValueError(f"optimize() option {key}={value!r} is not one of {allowed}")
-        resolved[key] = value
-    for key, (_, default, _) in _OPTIONS.items():
-        resolved.setdefault(key, default)
-    if resolved["min_cluster_ops"] < 1:
-        raise ValueError("optimize() option min_cluster_ops must be at least 1")
-    if "pack" in options and resolved["fusion"] == "xla_like":
-        raise ValueError("optimize() option pack applies to fusion='stitch' and 'explore' "
-                         "(got fusion='xla_like', which never packs, as XLA does not); "
-                         "drop pack")
-    for key in _EXPLORE_ONLY:
-        if key in options and resolved["fusion"] != "explore":
-            raise ValueError(f"optimize() option {key} applies only to fusion='explore' "
-                             f"(got fusion={resolved['fusion']!r}); pass fusion='explore' "
-                             f"or drop {key}")
-    for key, (lo, hi) in {**_EXPLORE_RANGES, **_RANGES}.items():
-        if not lo <= resolved[key] <= hi:
-            raise ValueError(f"optimize() option {key}={resolved[key]} is out of range: "
-                             f"expected {lo} to {hi}")
-    return OptimizedFunction(fn, resolved)
+    return OptimizedFunction(fn, FusionOptions.from_call(**options))
