@@ -40,7 +40,7 @@ _CTYPE_BYTES = {"float": 4, "double": 8, "int": 4, "int32_t": 4, "int64_t": 8, "
 
 
 def planned_shared_bytes(plan) -> int:
-    body = gpu_printer._GpuBody(plan, gpu_printer.CUDA)
+    body = gpu_printer.GpuBody(plan, gpu_printer.CUDA)
     return sum(_CTYPE_BYTES[ctype] * count for _, ctype, count in body.shared)
 
 

@@ -178,7 +178,7 @@ def test_device_names_map_to_specs():
 
 def _printer_shared_bytes(plan) -> int:
     """What print_cuda declares (every launch's arrays, for a split row)."""
-    shared = gpu_printer._shared_union(gpu_printer._bodies(plan, gpu_printer.CUDA))
+    shared = gpu_printer.shared_union(gpu_printer.phase_bodies(plan, gpu_printer.CUDA))
     return sum(_CTYPE_BYTES[ctype] * count for _, ctype, count in shared)
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch import patterns
-from tf_fusionstitch.codegen import gpu_printer
+from tf_fusionstitch.codegen import gpu_printer, kernel_ir
 from tf_fusionstitch.gpu import build as gpu_build
 from tf_fusionstitch.gpu.choice import plan_gpu
 from tf_fusionstitch.runtime.cpu_kernel import CpuKernel, as_dtype
@@ -264,7 +264,7 @@ def test_transposed_tensors_read_and_write_through_their_strides():
 # -- the emulation notices broken synchronisation ---------------------------
 
 def _without(monkeypatch, drop):
-    real = gpu_printer._GpuBody.sync
+    real = gpu_printer.GpuBody.sync
 
     def sync(self, point):
         if drop(point):
@@ -272,7 +272,7 @@ def _without(monkeypatch, drop):
             self.lines = []
         else:
             real(self, point)
-    monkeypatch.setattr(gpu_printer._GpuBody, "sync", sync)
+    monkeypatch.setattr(gpu_printer.GpuBody, "sync", sync)
 
 
 @pytest.mark.parametrize("name", ["layernorm_4096", "bn_inference_relu_64"])
@@ -283,7 +283,7 @@ def test_a_missing_barrier_gives_wrong_results(monkeypatch, name, reverse_thread
     as NaN. Both thread orders notice: each warp reads every warp's partial,
     and warp-per-row reads hoisted columns that other warps computed."""
     pat = PATTERNS[name]
-    _without(monkeypatch, lambda p: isinstance(p, gpu_printer._Barrier))
+    _without(monkeypatch, lambda p: isinstance(p, kernel_ir.Barrier))
     inputs = pat.make_inputs(np.random.default_rng(5), 11)
     out = emulate(pat.cluster, inputs, reverse_threads=reverse_threads)
     assert not np.allclose(out[0], pat.reference(inputs)[0], rtol=pat.rtol, atol=pat.atol)
@@ -291,7 +291,7 @@ def test_a_missing_barrier_gives_wrong_results(monkeypatch, name, reverse_thread
 
 def test_a_missing_shuffle_step_gives_wrong_results(monkeypatch):
     pat = PATTERNS["softmax_128"]
-    _without(monkeypatch, lambda p: isinstance(p, gpu_printer._Shuffle) and p.offset == 4)
+    _without(monkeypatch, lambda p: isinstance(p, kernel_ir.Shuffle) and p.offset == 4)
     inputs = pat.make_inputs(np.random.default_rng(6), 9)
     (y,) = emulate(pat.cluster, inputs)
     assert not np.allclose(y, pat.reference(inputs)[0], rtol=pat.rtol, atol=pat.atol)

@@ -1,9 +1,9 @@
 """GPU kernels from kernel IR: one body, printed as CUDA or as its C++ emulation.
 
-`_GpuBody` walks a `GpuPlan` (gpu/mapping.py) and prints the code of one
+`GpuBody` walks a `GpuPlan` (gpu/mapping.py) and prints the code of one
 thread, using the shared printer (printer.py) for every statement, split into
-*parts* by the points where threads communicate: `_Barrier` (`__syncthreads`),
-`_Shuffle` (one step of a warp's xor tree) and `_Guard` (threads past the
+*parts* by the points where threads communicate: `k.Barrier` (`__syncthreads`),
+`k.Shuffle` (one step of a warp's xor tree) and `k.Guard` (threads past the
 last row stop). Where the plan keeps inputs in registers across loops, the
 column loops are unrolled over a counter `j` and those inputs live in
 per-thread arrays `rc_<name>[j]`. The two assemblers differ only in how they
@@ -33,7 +33,7 @@ from typing import Dict, List
 
 from tf_fusionstitch.codegen import kernel_ir as k
 from tf_fusionstitch.codegen import printer
-from tf_fusionstitch.codegen.printer import COMPUTE, CUDA, STORAGE, _REDUCE, Target
+from tf_fusionstitch.codegen.printer import COMPUTE, CUDA, STORAGE, REDUCTIONS, Target
 from tf_fusionstitch.gpu.cost import buffer_slots
 from tf_fusionstitch.gpu.mapping import GpuPlan, split_phases
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE as TILE
@@ -47,25 +47,7 @@ CUDA_STORAGE = {**STORAGE, "float16": "uint16_t"}  # device code has no _Float16
 NVRTC_OPTIONS = ("--std=c++17", "--fmad=false")
 
 
-@dataclasses.dataclass(frozen=True)
-class _Barrier:
-    pass
-
-
-@dataclasses.dataclass(frozen=True)
-class _Shuffle:
-    offset: int
-    exchanges: tuple   # ((tmp, reg, ctype), ...): tmp takes reg of lane ^ offset
-    combine: tuple     # statements that fold the tmps into the regs
-
-
-@dataclasses.dataclass(frozen=True)
-class _Guard:
-    cond: str          # false for the threads past the last row (whole warps or
-    #                    blocks where shuffles or barriers follow)
-
-
-class _GpuBody(printer._Printer):
+class GpuBody(printer.KernelPrinter):
     """Prints one thread's code of a GpuPlan as parts between sync points."""
 
     # Float sums keep one float accumulator per thread (the shuffles and
@@ -147,7 +129,7 @@ class _GpuBody(printer._Printer):
     def store_value(self, src: str, dtype: str) -> str:
         if self.t is CUDA and dtype == "float16":
             return f"fs_f32_to_f16({src})"
-        return printer._Printer.store_value(src, dtype)
+        return printer.store_value(src, dtype)
 
     def cast(self, src: str, frm: str, to: str) -> str:
         if self.t is CUDA and to == "float16":  # round as TensorFlow would
@@ -199,11 +181,11 @@ class _GpuBody(printer._Printer):
                 self.emit(f"const int64_t o{i} = 0;", 1)
             self.col_loop(kr.prelude, [], 1, "0", "n_cols", "tid", m.block_threads)
             self.emit("}", 0)
-            self.sync(_Barrier())
+            self.sync(k.Barrier())
         first_item = "begin + block" + ("" if m.rows_per_block == 1 else f" * {m.rows_per_block}")
         self.decl("int64_t", "item",
                   first_item + ("" if self.row_slot == "0" else f" + {self.row_slot}"))
-        self.sync(_Guard("item < end"))
+        self.sync(k.Guard("item < end"))
         self.decl("int64_t", "r", "item", const=False)
         if kr.tiled and kr.col_groups:
             self.emit("const int64_t tile = r % n_tiles; r /= n_tiles;", 0)
@@ -252,7 +234,7 @@ class _GpuBody(printer._Printer):
         self.decl("int", "warp", "tid >> 5")
         self.decl("int64_t", "item", f"begin + block / {rb}")
         self.decl("int64_t", "slice", f"block % {rb}")
-        self.sync(_Guard("item < end"))
+        self.sync(k.Guard("item < end"))
         self.decl("int64_t", "r", "item", const=False)
         self.row_offsets()
         self.decl("int64_t", "chunk", f"(n_cols + {rb - 1}) / {rb}")
@@ -298,7 +280,7 @@ class _GpuBody(printer._Printer):
             for name, ctype in self.partial_values([a]):
                 self.emit(f"{ctype} {name} = ws_{name}[wsi];", 0)
                 self.reg(name, ctype)
-            steps.append(_REDUCE[a.kind][1].format(a=f"a_{a.acc}", x=f"ws_a_{a.acc}[wsi + s_]"))
+            steps.append(REDUCTIONS[a.kind][1].format(a=f"a_{a.acc}", x=f"ws_a_{a.acc}[wsi + s_]"))
             if self.tracks_nan(a):
                 steps.append(f"n_{a.acc} |= ws_n_{a.acc}[wsi + s_];")
         self.emit(f"for (int s_ = 1; s_ < {self.m.row_blocks}; ++s_) {{ " + " ".join(steps)
@@ -352,14 +334,14 @@ class _GpuBody(printer._Printer):
         combine = []
         for a in accs:
             vals.append((f"a_{a.acc}", self.acc_type(a.dtype, a.kind)))
-            combine.append(_REDUCE[a.kind][1].format(a=f"a_{a.acc}", x="{a_%s}" % a.acc))
+            combine.append(REDUCTIONS[a.kind][1].format(a=f"a_{a.acc}", x="{a_%s}" % a.acc))
             if self.tracks_nan(a):
                 vals.append((f"n_{a.acc}", "int"))
                 combine.append(f"n_{a.acc} |= {{n_{a.acc}}};")
         off = 16
         while off >= 1:
             tmps = {name: f"x{off}_{name}" for name, _ in vals}
-            self.sync(_Shuffle(off, tuple((tmps[n], n, t) for n, t in vals),
+            self.sync(k.Shuffle(off, tuple((tmps[n], n, t) for n, t in vals),
                                tuple(c.format(**tmps) for c in combine)))
             off //= 2
         warps = self.m.warps_per_row
@@ -369,7 +351,7 @@ class _GpuBody(printer._Printer):
             self.shared.append((f"p_{name}", ctype, warps))
         self.emit("if (lane == 0) { " + " ".join(f"p_{n}[warp] = {n};" for n, _ in vals) + " }",
                   0)
-        self.sync(_Barrier())
+        self.sync(k.Barrier())
         for name, _ in vals:
             self.emit(f"{name} = p_{name}[0];", 0)
         parts = {name: f"p_{name}[w]" for name, _ in vals}
@@ -377,11 +359,11 @@ class _GpuBody(printer._Printer):
                   + " ".join(c.format(**parts) for c in combine) + " }", 0)
 
 
-def _bodies(plan: GpuPlan, target: Target) -> list:
+def phase_bodies(plan: GpuPlan, target: Target) -> list:
     """One body, or one per launch of a split row."""
     if plan.mapping.row_blocks == 1:
-        return [_GpuBody(plan, target)]
-    return [_GpuBody(plan, target, p) for p in range(split_phases(plan.kernel))]
+        return [GpuBody(plan, target)]
+    return [GpuBody(plan, target, p) for p in range(split_phases(plan.kernel))]
 
 
 def split_workspace(plan: GpuPlan) -> list:
@@ -389,12 +371,12 @@ def split_workspace(plan: GpuPlan) -> list:
     parameter order: one element per (work item, slice) each."""
     if plan.mapping.row_blocks == 1:
         return []
-    b = _GpuBody(plan, CUDA, 0)
+    b = GpuBody(plan, CUDA, 0)
     return [(f"ws_{name}", ctype) for accs in plan.kernel.accumulators
             for name, ctype in b.partial_values(accs)]
 
 
-def _shared_union(bodies) -> list:
+def shared_union(bodies) -> list:
     seen: Dict[str, tuple] = {}
     for b in bodies:
         for name, ctype, count in b.shared:
@@ -402,14 +384,14 @@ def _shared_union(bodies) -> list:
     return list(seen.values())
 
 
-def _cuda_part_lines(b: _GpuBody) -> list:
+def _cuda_part_lines(b: GpuBody) -> list:
     out = []
     for part in b.parts:
         if isinstance(part, list):
             out += ["  " + line for line in part]
-        elif isinstance(part, _Barrier):
+        elif isinstance(part, k.Barrier):
             out.append("  " + CUDA.barrier)
-        elif isinstance(part, _Guard):
+        elif isinstance(part, k.Guard):
             # Uniform per warp (block) where shuffles (barriers) follow.
             out.append(f"  if (!({part.cond})) return;")
         else:
@@ -432,7 +414,7 @@ def print_cuda(plan: GpuPlan, n_ext: int) -> str:
     """The CUDA kernel `fs_kernel` (docs/KERNEL_ABI.md, CUDA section). A
     split row's kernel takes the launch `fs_phase` and its workspace after
     the extents, and runs that launch's body."""
-    bodies = _bodies(plan, CUDA)
+    bodies = phase_bodies(plan, CUDA)
     b = bodies[0]
     kr, m = plan.kernel, plan.mapping
     params = ["const int64_t begin", "const int64_t end"]
@@ -450,7 +432,7 @@ def print_cuda(plan: GpuPlan, n_ext: int) -> str:
            + "};"]
     out += ["  " + line for line in b.uniform]
     out += [f"  {CUDA.shared}{ctype} {name}[{count}];" for name, ctype, count in
-            _shared_union(bodies)]
+            shared_union(bodies)]
     out += ["  const int tid = threadIdx.x;", "  const int64_t block = blockIdx.x;"]
     if m.row_blocks == 1:
         out += _cuda_part_lines(b)
@@ -479,13 +461,13 @@ def print_emulation(plan: GpuPlan, reverse_threads: bool = False) -> str:
     barrier reads poison in at least one of the two orders. A split row's
     launches run one after another, each over all blocks of the call's rows,
     with the workspace local to the call (rows are independent)."""
-    bodies = _bodies(plan, printer.CPP)
+    bodies = phase_bodies(plan, printer.CPP)
     m = plan.mapping
     nt = m.block_threads
     tid_loop = (f"for (int tid = {nt - 1}; tid >= 0; --tid) {{" if reverse_threads else
                 f"for (int tid = 0; tid < {nt}; ++tid) {{")
     blocks = [_emulated_block(b, tid_loop, nt) for b in bodies]
-    shared = _shared_union(bodies)
+    shared = shared_union(bodies)
     out = ["#include <vector>"] if m.row_blocks > 1 else []
     out.append(f"{printer.CPP.export} void fs_run(int64_t begin, int64_t end, "
                "const int64_t* ext, void* const* bufs) {")
@@ -521,7 +503,7 @@ def print_emulation(plan: GpuPlan, reverse_threads: bool = False) -> str:
     return "\n".join(out) + "\n"
 
 
-def _emulated_block(b: _GpuBody, tid_loop: str, nt: int) -> tuple:
+def _emulated_block(b: GpuBody, tid_loop: str, nt: int) -> tuple:
     """(lines running one block of `b`, declarations of the per-thread arrays
     that carry registers across its phases and shuffles)."""
     phases: List[_Phase] = [_Phase([], set(), False)]
@@ -530,9 +512,9 @@ def _emulated_block(b: _GpuBody, tid_loop: str, nt: int) -> tuple:
         if isinstance(part, list):
             phases[-1].lines += part
             phases[-1].declared |= {n for n, p in b.reg_part.items() if p == index}
-        elif isinstance(part, _Barrier):
+        elif isinstance(part, k.Barrier):
             phases.append(_Phase([], set(), guarded))
-        elif isinstance(part, _Guard):
+        elif isinstance(part, k.Guard):
             phases[-1].lines += [f"const bool fs_active = {part.cond};",
                                  "R_fs_active[tid] = fs_active;", "if (!fs_active) continue;"]
             guarded = True

@@ -89,6 +89,30 @@ class Tensor:
         return self.layout[self.layout.index(g) + 1:]
 
 
+
+# GPU thread structure: the sync points between the parts of one thread's
+# code (gpu_printer.GpuBody makes them; print_cuda prints them as CUDA and
+# print_emulation as the loops over a block's threads that check it on a CPU).
+@dataclasses.dataclass(frozen=True)
+class Barrier:
+    """Every thread of the block waits here (__syncthreads)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Shuffle:
+    """A warp exchange: each tmp takes reg of lane ^ offset, then `combine` folds them."""
+    offset: int
+    exchanges: tuple   # ((tmp, reg, ctype), ...)
+    combine: tuple     # statements that fold the tmps into the regs
+
+
+@dataclasses.dataclass(frozen=True)
+class Guard:
+    """Code after it runs only where `cond` holds: false for the threads past
+    the last row (whole warps or blocks, where shuffles or barriers follow)."""
+    cond: str
+
+
 @dataclasses.dataclass
 class Kernel:
     tensors: List[Tensor]          # inputs then outputs, matching the ABI's bufs

@@ -236,7 +236,7 @@ _BLOCKED_SUMS = ("reduce_sum", "reduce_mean")
 _BLOCKED_DTYPES = ("float32", "float16", "bfloat16")
 
 # Reductions: identity, in-loop update, OpenMP clause operator.
-_REDUCE = {
+REDUCTIONS = {
     "reduce_sum": ("0", "{a} += {x};", "+"),
     "reduce_mean": ("0", "{a} += {x};", "+"),
     "reduce_prod": ("1", "{a} *= {x};", "*"),
@@ -317,7 +317,9 @@ def store_value(src: str, dtype: str) -> str:
     return src
 
 
-class _Printer:
+class KernelPrinter:
+    """Prints one kernel-IR kernel as the C++ loop nest over work items (the
+    CUDA printer, gpu_printer.py, extends it with the GPU thread structure)."""
     def __init__(self, kernel: k.Kernel, target: Target, symbol: str = "fs_run",
                  linkage: str = ""):
         self.k = kernel
@@ -437,7 +439,7 @@ class _Printer:
         return COMPUTE[dtype]
 
     def init_acc(self, acc: k.Accumulate, indent: int) -> None:
-        ident, _, _ = _REDUCE[acc.kind]
+        ident, _, _ = REDUCTIONS[acc.kind]
         t = self.acc_type(acc.dtype, acc.kind)
         flag = False
         if ident in ("lowest", "highest"):
@@ -771,14 +773,14 @@ class _Printer:
             self.stmt(st, indent, True)
         lane = "[l]" if self.lanes else ""
         for a in accs:
-            _, update, _ = _REDUCE[a.kind]
+            _, update, _ = REDUCTIONS[a.kind]
             src = self.ref(a.src)
             self.emit(update.format(a=f"a_{a.acc}{lane}", x=src), indent)
             if a.kind in ("reduce_max", "reduce_min") and a.dtype in ir.FLOAT_DTYPES:
                 self.emit(f"n_{a.acc}{lane} |= ({src} != {src});", indent)
 
     def clause(self, a: k.Accumulate) -> str:
-        _, _, op = _REDUCE[a.kind]
+        _, _, op = REDUCTIONS[a.kind]
         out = f" reduction({op}:a_{a.acc})"
         if a.kind in ("reduce_max", "reduce_min") and a.dtype in ir.FLOAT_DTYPES:
             out += f" reduction(|:n_{a.acc})"
@@ -790,7 +792,7 @@ def print_kernel(kernel: k.Kernel, target: Target = CPP, symbol: str = "fs_run",
     """The block function, exported as `symbol` (fs_run); a packed kernel
     (codegen/pack.py) prints its parts with `linkage="static"` under names
     of their own."""
-    return _Printer(kernel, target, symbol, linkage).kernel()
+    return KernelPrinter(kernel, target, symbol, linkage).kernel()
 
 
 def headers(target: Target = CPP) -> str:
