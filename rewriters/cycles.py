@@ -37,22 +37,8 @@ def creates_cycle(view: GraphView, nodes: Set[str], owner: Dict[str, str],
     them without looking at the clusters at all. A search that checks
     thousands of sets against one plan uses Reachability.closes_cycle, and
     the greedy merging ClusterGraph (this walk is its reference)."""
-    if after is not None:
-        return _reaches_back(view, nodes, owner, members, after)
-    stack = [c for m in nodes for c in view.consumers[m] if c not in nodes]
-    seen = set()
-    while stack:
-        n = stack.pop()
-        unit = owner.get(n, n)
-        if unit in seen:
-            continue
-        seen.add(unit)
-        for m in members.get(unit, [n]):
-            for c in view.consumers[m]:
-                if c in nodes:
-                    return True
-                stack.append(c)
-    return False
+    bound = after if after is not None else len(view.order)   # no bound: every node
+    return _reaches_back(view, nodes, owner, members, bound)
 
 
 class Reachability:

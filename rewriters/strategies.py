@@ -18,6 +18,7 @@ report can name the rule that kept an op alone.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Dict, List, Optional, Set
 
@@ -44,15 +45,16 @@ class Formed:
     exploration: str = ""        # what a search did, for the report
 
 
-class Strategy:
+class Strategy(abc.ABC):
     name = ""
 
     def prepare(self, graph_def, types):
         """The graph the strategy fuses: as given, unless it rewrites some ops first."""
         return graph_def, types
 
+    @abc.abstractmethod
     def form_clusters(self, view: GraphView, candidates: Set[str], context: Context) -> Formed:
-        raise NotImplementedError
+        """The clusters of `candidates`, and why the ones left out stay TF ops."""
 
 
 class Stitch(Strategy):
