@@ -11,7 +11,7 @@ from unittest import mock
 import tensorflow as tf
 
 import tf_fusionstitch as fs
-from tf_fusionstitch import api
+from tf_fusionstitch import api, trace_rewrite
 from optimize_testlib import assert_same, fusion_stitch_nodes, quiet_call, rng
 
 
@@ -91,9 +91,9 @@ class BackgroundTest(tf.test.TestCase):
         assert_same(self, got, self.step(x) * 2.0, "transcendental")
 
     def test_a_failed_rewrite_leaves_the_original_running(self):
-        def broken(self_, concrete, inputs):
+        def broken(concrete, inputs, options, name):
             raise RuntimeError("a bug in the rewrite")
-        with mock.patch.object(api.OptimizedFunction, "_rewrite", broken):
+        with mock.patch.object(trace_rewrite, "rewrite", broken):
             opt = fs.optimize(self.step, background=True)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", RuntimeWarning)

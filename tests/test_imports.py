@@ -9,7 +9,8 @@ import import_graph
 # Modules that may import TensorFlow (and Keras) when imported; every other
 # module of the package is TF-free core and must import without it.
 TF_FACING = {
-    "tf_fusionstitch.api", "tf_fusionstitch.graph_check", "tf_fusionstitch.custom_ops.loader",
+    "tf_fusionstitch.api", "tf_fusionstitch.trace_rewrite", "tf_fusionstitch.call_arguments",
+    "tf_fusionstitch.graph_check", "tf_fusionstitch.custom_ops.loader",
     "tf_fusionstitch.tools.demo", "tf_fusionstitch.tools.fuzz_graphs",
     "tf_fusionstitch.planner.graph_import", "tf_fusionstitch.planner.reference_models",
     "tf_fusionstitch.planner.more_models",

@@ -21,7 +21,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 import tf_fusionstitch as fs
-from tf_fusionstitch import api, graph_check
+from tf_fusionstitch import graph_check, trace_rewrite
 from optimize_testlib import assert_same, quiet_call, rng
 
 
@@ -36,12 +36,12 @@ def _layernorm_like():
 class RewriteFailureTest(tf.test.TestCase):
 
     def _failing_pass(self, error):
-        original = api.run_fusion_pass
+        original = trace_rewrite.run_fusion_pass
 
         def fail(*args, **kwargs):
             raise error
-        api.run_fusion_pass = fail
-        self.addCleanup(setattr, api, "run_fusion_pass", original)
+        trace_rewrite.run_fusion_pass = fail
+        self.addCleanup(setattr, trace_rewrite, "run_fusion_pass", original)
 
     def test_a_failing_rewrite_runs_the_original_with_one_warning(self):
         for error in (RecursionError("maximum recursion depth exceeded"),
@@ -70,14 +70,14 @@ class RewriteFailureTest(tf.test.TestCase):
     def test_a_rewritten_graph_that_cannot_run_falls_back(self):
         # A rewrite that names a function the runtime lacks fails at check
         # time instead of at the user's first call.
-        original = api.OptimizedFunction._rewrite
+        original = trace_rewrite.rewrite
 
-        def broken(self, concrete, inputs):
-            graph_def, outputs, report = original(self, concrete, inputs)
+        def broken(concrete, inputs, options, name):
+            graph_def, outputs, report = original(concrete, inputs, options, name)
             graph_def.node.add(name="dangling_call", op="no_such_function_anywhere")
             return graph_def, outputs, report
-        api.OptimizedFunction._rewrite = broken
-        self.addCleanup(setattr, api.OptimizedFunction, "_rewrite", original)
+        trace_rewrite.rewrite = broken
+        self.addCleanup(setattr, trace_rewrite, "rewrite", original)
         f = _layernorm_like()
         opt = fs.optimize(f, rewrite_cache=False)
         x = tf.constant(rng(2).standard_normal((3, 16)), tf.float32)

@@ -29,7 +29,7 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 import tf_fusionstitch as fs
-from tf_fusionstitch import api
+from tf_fusionstitch import trace_rewrite
 from tf_fusionstitch.rewriters import remapper_epilogues
 import zoo_testlib as zt
 
@@ -140,11 +140,11 @@ def one_kernel_perturbed(model, choose, relative):
     """Rewrites multiply every float32 output of one FusionStitch kernel, the
     first the report lists that `choose(model, cluster)` accepts, by
     1 + relative. Yields the names of the kernels perturbed."""
-    original = api.OptimizedFunction._rewrite
+    original = trace_rewrite.rewrite
     perturbed = []
 
-    def rewrite(self_, concrete, inputs):
-        graph_def, outputs, report = original(self_, concrete, inputs)
+    def rewrite(concrete, inputs, options, name):
+        graph_def, outputs, report = original(concrete, inputs, options, name)
         cluster = next(c for c in report.fused_clusters if choose(model, c))
         node = next(n for n in graph_def.node if n.name == cluster.name)
         spec = json.loads(node.attr["spec"].s)
@@ -167,11 +167,11 @@ def one_kernel_perturbed(model, choose, relative):
                     n.input[:] = [mul.name if i in readers else i for i in n.input]
         perturbed.append(node.name)
         return graph_def, outputs, report
-    api.OptimizedFunction._rewrite = rewrite
+    trace_rewrite.rewrite = rewrite
     try:
         yield perturbed
     finally:
-        api.OptimizedFunction._rewrite = original
+        trace_rewrite.rewrite = original
 
 
 class PerturbedPlanTest(tf.test.TestCase, parameterized.TestCase):

@@ -16,26 +16,21 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-import json
 import pathlib
 import re
 import threading
 import time
 import warnings
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import tensorflow as tf
 
-from tf_fusionstitch import (background, graph_check, kernels, measured_choice,
-                             rewrite_cache, trace_names)
+from tf_fusionstitch import background, measured_choice, trace_rewrite
+from tf_fusionstitch.call_arguments import CallArguments, symbolic
 from tf_fusionstitch.options import FusionOptions
 from tf_fusionstitch.report import Report
-from tf_fusionstitch.rewriters import (cpu_costs, decided_shapes, function_bodies, grappler,
-                                       shapes)
-from tf_fusionstitch.rewriters.fusion_pass import run_fusion_pass
-from tf_fusionstitch.rewriters.graph_view import parse_input, tensor_name
-from tf_fusionstitch.runtime import cache, cpu_compiler
-from tf_fusionstitch.versions import Version, Versions, call_sizes
+from tf_fusionstitch.versions import Version, Versions
+
 
 class OptimizedFunction:
     """Callable like the original; `.report()` and `.graph_def` show the rewrite."""
@@ -59,6 +54,8 @@ class OptimizedFunction:
             functools.update_wrapper(self, fn.python_function)
         self._name = name if isinstance(name, str) else name.decode()
         self._versions = Versions(self._make_function)
+        self._arguments = CallArguments(
+            self._python_fn, None if self._python_fn is None else fn.input_signature)
         self._traced_leaves: Optional[int] = None   # how many leaves a trace flattened
         self._background = background.BackgroundRewrite() if options.background else None
 
@@ -66,7 +63,7 @@ class OptimizedFunction:
         if self._background is not None:
             if not self._background.pending(lambda: self.prepare(*args, **kwargs)):
                 self._background = None   # ready: calls take the usual path from now on
-            elif not (tf.inside_function() or _symbolic(args, kwargs)):
+            elif not (tf.inside_function() or symbolic(args, kwargs)):
                 return self._original(*args, **kwargs)
             else:
                 self._background.wait()   # an outer trace: build it with the optimized version
@@ -85,7 +82,7 @@ class OptimizedFunction:
         """One call of `version`, or of the original while a measured choice
         (measured_choice.py) is timing the two or has kept the original."""
         choice = getattr(version, "choice", None)
-        if choice is None or _symbolic(args, kwargs):   # inside another function: untimed
+        if choice is None or symbolic(args, kwargs):   # inside another function: untimed
             return version.fn(*args, **kwargs)
         decided = choice.choice is not None
         contender = choice.next_contender()
@@ -176,52 +173,14 @@ class OptimizedFunction:
         # as they would on the original tf.function.
         def trace(*args, **kwargs):
             concrete = self._original.get_concrete_function(*args, **kwargs)
-            return self._run_rewritten(version, concrete, self._leaves(args, kwargs))
+            return self._run_rewritten(version, concrete, self._arguments.leaves(args, kwargs))
         trace.__signature__ = inspect.signature(self._python_fn)
         return tf.function(
             trace, input_signature=self._original.input_signature, autograph=False,
             reduce_retracing=bool(getattr(self._original, "_reduce_retracing", False)))
 
-    def _arguments(self, args, kwargs) -> list:
-        """The arguments in parameter order, defaults filled in and *args
-        spread (so an input signature's specs line up with the first ones);
-        raises TypeError where they do not bind."""
-        if self._python_fn is None:
-            return list(args)
-        parameters = inspect.signature(self._python_fn)
-        bound = parameters.bind(*args, **kwargs)
-        bound.apply_defaults()
-        values = []
-        for name, value in bound.arguments.items():
-            spread = parameters.parameters[name].kind == inspect.Parameter.VAR_POSITIONAL
-            values.extend(value if spread else [value])
-        return values
-
-    def _leaves(self, args, kwargs) -> list:
-        """The arguments flattened as a trace flattens them (tensors there)."""
-        try:
-            return tf.nest.flatten(self._arguments(args, kwargs), expand_composites=True)
-        except TypeError:
-            return []   # the call itself will raise TF's error
-
     def _call_sizes(self, args, kwargs):
-        """The call's sizes per traced leaf (versions.py). With an input
-        signature, an argument in a spec's place is one leaf however it is
-        nested (a list TF converts to one tensor); a call that does not line
-        up with the traces' leaves has no known sizes."""
-        signature = None if self._python_fn is None else self._original.input_signature
-        if signature is None:
-            leaves = self._leaves(args, kwargs)
-        else:
-            try:
-                values = self._arguments(args, kwargs)
-                leaves = _flatten_like(list(signature), values[:len(signature)])
-                leaves += tf.nest.flatten(values[len(signature):], expand_composites=True)
-            except (TypeError, ValueError):
-                leaves = []
-        if self._traced_leaves is not None and len(leaves) != self._traced_leaves:
-            leaves = [None] * self._traced_leaves
-        return call_sizes(leaves)
+        return self._arguments.sizes(args, kwargs, self._traced_leaves)
 
     def _run_rewritten(self, version: Version, concrete, leaves):
         feeds, feed_leaves = [], []
@@ -241,18 +200,13 @@ class OptimizedFunction:
                                   f"({len(feeds)}) to the traced inputs ({n_args})")
         start = time.perf_counter()
         try:
-            inputs = _InputSizes(graph.inputs[:n_args], feed_leaves, version)
-            rewritten, output_names, report = self._rewrite(concrete, inputs)
-            graph_check.check_runnable(rewritten, output_names)
-            # Grappler's specialised functions and rewritten bodies are new to
-            # the runtime: an imported library is not registered by the import.
-            function_bodies.register_functions(rewritten)
-            input_map = _input_map(concrete, n_args, feeds, rewritten)
-            results = tf.graph_util.import_graph_def(
-                rewritten, input_map=input_map, return_elements=output_names, name="fs")
+            inputs = trace_rewrite.InputSizes(graph.inputs[:n_args], feed_leaves, version)
+            rewritten, output_names, report = trace_rewrite.rewrite(
+                concrete, inputs, self._options, self._name)
+            outputs = trace_rewrite.import_plan(concrete, n_args, feeds, rewritten, output_names)
         except Exception as e:  # noqa: BLE001  (our failure: the trace runs the original)
-            reason = _one_line(e)
-            report = Report.failed(self._name, _signature_text(concrete),
+            reason = trace_rewrite.one_line(e)
+            report = Report.failed(self._name, trace_rewrite.signature_text(concrete),
                                    self._options.fusion, reason,
                                    time.perf_counter() - start)
             self._record(version, report, None, set(), set())
@@ -260,11 +214,7 @@ class OptimizedFunction:
                                   "please report this as a tf_fusionstitch bug")
         self._record(version, report, rewritten, inputs.leaf_pairs(report.assumed_equal),
                      inputs.leaf_pairs(report.equal_sizes_wanted))
-        flat, it = [], iter(results)
-        for leaf in tf.nest.flatten(concrete.structured_outputs, expand_composites=True):
-            flat.append(next(it) if isinstance(leaf, tf.Tensor) else leaf)
-        return tf.nest.pack_sequence_as(concrete.structured_outputs, flat,
-                                        expand_composites=True)
+        return outputs
 
     def _record(self, version: Version, report: Report, rewritten, assumed, wanted) -> None:
         """Keeps one trace's report (and its GraphDef, when it was rewritten)."""
@@ -281,197 +231,10 @@ class OptimizedFunction:
                       RuntimeWarning, stacklevel=3)
         return concrete(*feeds)
 
-    def _rewrite(self, concrete, inputs: "_InputSizes"):
-        start = time.perf_counter()
-        compilations = cpu_compiler.compilations
-        graph = concrete.graph
-        graph_def = graph.as_graph_def()
-        outputs = [t.name for t in concrete.outputs]
-        control = [op.name for op in graph.control_outputs]
-        # (dtype, shape) per tensor; TensorSpecs, 5x dearer, only if we rewrite
-        known = {t.name: (t.dtype, t.shape) for op in graph.get_operations() for t in op.outputs}
-        costs, costs_source = None, self._options.costs
-        if self._options.fusion == "explore":
-            costs, costs_source = (cpu_costs.for_this_machine() if costs_source == "calibrated"
-                                   else (dict(cpu_costs.BUILTIN), costs_source))
-        key, names = None, None
-        if self._options.rewrite_cache:
-            names = trace_names.TraceNames(graph_def)
-            options = self._options.cache_key()
-            if costs is not None:  # the plan depends on the values, not the option's name
-                options["costs"] = json.dumps(costs, sort_keys=True)
-            options["equal_sizes"] = inputs.classes
-            key = rewrite_cache.make_key(
-                names.canonical(graph_def).SerializeToString(deterministic=True), outputs,
-                control,
-                "\n".join(f"{name} {dtype.name} {shape}"
-                          for name, (dtype, shape) in sorted(known.items())),
-                options, f"{tf.__version__} {tf.version.GIT_VERSION}")
-            entry = rewrite_cache.load(key, self._register,
-                                       timeout=self._options.compile_timeout,
-                                       restore=names.specific)
-            if entry is not None:
-                report = entry.report
-                report.function, report.signature = self._name, _signature_text(concrete)
-                report.cache_hit = True
-                report.rewrite_seconds = time.perf_counter() - start
-                return entry.graph_def, entry.output_names, report
-        if self._options.grappler:
-            graph_def = grappler.run_grappler(graph_def, graph, outputs + control)
-        hints = {name: tf.TensorSpec(shape, dtype) for name, (dtype, shape) in known.items()}
-        types = shapes.infer_types(graph_def, hints)
-        equalities = decided_shapes.InputEqualities(inputs.allowed)
-        fetches = set()
-        for name in outputs:
-            src, port, _ = parse_input(name)
-            fetches.add((src, port))
-        result = run_fusion_pass(graph_def, types, fetches, self._build, self._options,
-                                 costs, costs_source, equalities)
-        output_names = []
-        for name in outputs:
-            src, port, _ = parse_input(name)
-            mapped = result.tensor_map.get((src, port), tensor_name((src, port)))
-            output_names.append(mapped if ":" in mapped else mapped + ":0")
-        report = Report(
-            function=self._name, signature=_signature_text(concrete),
-            fusion=self._options.fusion, exploration=result.exploration,
-            clusters=result.clusters, kernels_before=result.kernels_before,
-            kernels_after=result.kernels_after, compile_seconds=result.compile_seconds,
-            compilations=cpu_compiler.compilations - compilations,
-            rewrite_seconds=time.perf_counter() - start, unfused_ops=result.unfused_ops,
-            assumed_equal=_pair_list(equalities.assumed),
-            equal_sizes_wanted=_pair_list(equalities.wanted))
-        # A plan with a fallback or a split pack may owe it to a passing
-        # failure (a compiler's timeout): it is not cached.
-        if key is not None and not report.fallbacks and not report.split_packs \
-                and names.portable(result.graph_def):
-            try:
-                rewrite_cache.store(key, names.canonical(result.graph_def), output_names,
-                                    report)
-            except (cache.CacheError, OSError):
-                pass  # a plan not cached is only a slower next trace
-            report.rewrite_seconds = time.perf_counter() - start
-        if report.fallbacks:
-            first = report.fallbacks[0]
-            warnings.warn(f"tf_fusionstitch: {len(report.fallbacks)} cluster(s) of "
-                          f"{self._name} stay as TensorFlow ops (first: {first.reason}); "
-                          "see .report()", RuntimeWarning, stacklevel=4)
-        return result.graph_def, output_names, report
-
-    def _build(self, clusters):
-        """A registered kernel, or the exception that stopped it, per cluster;
-        the missing kernels are compiled several to a compiler run."""
-        from tf_fusionstitch.custom_ops import loader  # noqa: F401  (builds the op library once)
-        built = kernels.build_cpu_kernels(clusters, timeout=self._options.compile_timeout)
-        for i, kernel in enumerate(built):
-            if not isinstance(kernel, Exception):
-                try:
-                    self._register(kernel)
-                except Exception as e:  # noqa: BLE001  (that cluster stays TF ops)
-                    built[i] = e
-        return built
-
-    @staticmethod
-    def _register(kernel):
-        from tf_fusionstitch.custom_ops import loader  # noqa: F401  (builds the op library once)
-        loader.register_kernel(kernel.key, kernel.path, kernel.spec, kernel.symbol)
-
-
-def _input_map(concrete, n_args: int, feeds, rewritten) -> dict:
-    """The rewritten graph's inputs mapped to this trace's tensors: the
-    arguments, and captures that the rewrite still reads. A captured eager
-    constant appears in the traced GraphDef as a Const that Grappler may fold
-    away (and import_graph_def refuses a mapping to a node that is gone); it
-    carries its value, so nothing is lost."""
-    graph = concrete.graph
-    present = {node.name for node in rewritten.node}
-    input_map = {t.name: f for t, f in zip(graph.inputs[:n_args], feeds)}
-    for placeholder, captured in zip(graph.inputs[n_args:], concrete.captured_inputs):
-        if placeholder.op.name in present:
-            input_map[placeholder.name] = tf.identity(captured)
-    return input_map
-
-
-def _one_line(exc: BaseException) -> str:
-    """An exception as one line for a report: its type and first line, shortened."""
-    text = str(exc).strip().splitlines()
-    first = re.sub(r"\s+", " ", text[0]) if text else ""
-    return f"{type(exc).__name__}: {first}"[:500]
-
-
-class _InputSizes:
-    """A trace's view of its version: the graph's inputs' unknown sizes,
-    named (Placeholder, axis) in the rewrite and (leaf, axis) in versions.py."""
-
-    def __init__(self, graph_inputs, feed_leaves: List[int], version: Version):
-        self._leaf_of = {t.op.name: leaf for t, leaf in zip(graph_inputs, feed_leaves)}
-        self._name_of = {leaf: name for name, leaf in self._leaf_of.items()}
-        unknown = [(leaf, axis) for t, leaf in zip(graph_inputs, feed_leaves)
-                   if t.shape.rank is not None
-                   for axis, size in enumerate(t.shape) if size is None]
-        # Classes of input sizes (Placeholder, axis) this trace may take as equal.
-        self.classes = [[(self._name_of[leaf], axis) for leaf, axis in group]
-                        for group in version.equal_classes(unknown)]
-        self._class_of = {d: i for i, group in enumerate(self.classes) for d in group}
-
-    def allowed(self, pair) -> bool:
-        a, b = (self._class_of.get(tuple(d)) for d in pair)
-        return a is not None and a == b
-
-    def leaf_pairs(self, pairs) -> set:
-        """(name, axis, name, axis) pairs as versions.py's sorted leaf pairs;
-        pairs naming something other than an argument (a capture) are left out."""
-        out = set()
-        for a_name, a_axis, b_name, b_axis in pairs:
-            if a_name in self._leaf_of and b_name in self._leaf_of:
-                a, b = (self._leaf_of[a_name], a_axis), (self._leaf_of[b_name], b_axis)
-                out.add((min(a, b), max(a, b)))
-        return out
-
-
-def _flatten_like(structure, value) -> list:
-    """`value` flattened to the leaves of `structure` (an input signature):
-    one value per TensorSpec, a composite's components per other spec.
-    Raises ValueError where the two do not line up."""
-    if isinstance(structure, tf.TensorSpec):
-        return [value]
-    if isinstance(structure, tf.TypeSpec):
-        components = tf.nest.flatten(value, expand_composites=True)
-        if len(components) != len(tf.nest.flatten(structure, expand_composites=True)):
-            raise ValueError("a composite argument does not match its spec")
-        return components
-    if isinstance(structure, dict):
-        if not isinstance(value, dict) or set(value) != set(structure):
-            raise ValueError("a dict argument does not match its spec")
-        return [leaf for key in sorted(structure)
-                for leaf in _flatten_like(structure[key], value[key])]
-    if isinstance(structure, (list, tuple)):
-        if not isinstance(value, (list, tuple)) or len(value) != len(structure):
-            raise ValueError("a sequence argument does not match its spec")
-        return [leaf for s, v in zip(structure, value) for leaf in _flatten_like(s, v)]
-    raise ValueError(f"an input signature entry of type {type(structure).__name__}")
-
-
-def _symbolic(args, kwargs) -> bool:
-    """Whether the call is being traced into another function (its time then
-    says nothing about either contender)."""
-    return any(isinstance(x, tf.Tensor) and tf.is_symbolic_tensor(x)
-               for x in tf.nest.flatten((args, kwargs), expand_composites=True))
-
-
-def _pair_list(pairs) -> List[Tuple[str, int, str, int]]:
-    return sorted((a[0], a[1], b[0], b[1]) for a, b in pairs)
-
 
 def _file_stem(name: str) -> str:
     """A function name as a safe file-name part."""
     return re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_")[:40] or "function"
-
-
-def _signature_text(concrete) -> str:
-    specs = [f"{t.dtype.name}{t.shape}" for t in concrete.graph.inputs
-             if t.dtype != tf.resource]
-    return "(" + ", ".join(specs) + ")"
 
 
 def optimize(fn, **options) -> OptimizedFunction:

@@ -1,0 +1,207 @@
+"""The rewrite of one trace: the traced GraphDef to a plan, and the plan into the trace.
+
+`rewrite` looks the trace up in the rewrite cache, else runs Grappler's
+standard passes and the fusion pass (compiling and registering the kernels it
+asks for) and reports what it did. `import_plan` checks that the plan can run
+and imports it into the trace being built, with the trace's arguments and the
+captures the plan still reads mapped in. api.OptimizedFunction decides when a
+trace is rewritten and what runs when this fails.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import warnings
+from typing import List, Tuple
+
+import tensorflow as tf
+
+from tf_fusionstitch import graph_check, kernels, rewrite_cache, trace_names
+from tf_fusionstitch.options import FusionOptions
+from tf_fusionstitch.report import Report
+from tf_fusionstitch.rewriters import (cpu_costs, decided_shapes, function_bodies, grappler,
+                                       shapes)
+from tf_fusionstitch.rewriters.fusion_pass import run_fusion_pass
+from tf_fusionstitch.rewriters.graph_view import parse_input, tensor_name
+from tf_fusionstitch.runtime import cache, cpu_compiler
+from tf_fusionstitch.versions import Version
+
+
+class InputSizes:
+    """A trace's view of its version: the graph's inputs' unknown sizes,
+    named (Placeholder, axis) in the rewrite and (leaf, axis) in versions.py."""
+
+    def __init__(self, graph_inputs, feed_leaves: List[int], version: Version):
+        self._leaf_of = {t.op.name: leaf for t, leaf in zip(graph_inputs, feed_leaves)}
+        self._name_of = {leaf: name for name, leaf in self._leaf_of.items()}
+        unknown = [(leaf, axis) for t, leaf in zip(graph_inputs, feed_leaves)
+                   if t.shape.rank is not None
+                   for axis, size in enumerate(t.shape) if size is None]
+        # Classes of input sizes (Placeholder, axis) this trace may take as equal.
+        self.classes = [[(self._name_of[leaf], axis) for leaf, axis in group]
+                        for group in version.equal_classes(unknown)]
+        self._class_of = {d: i for i, group in enumerate(self.classes) for d in group}
+
+    def allowed(self, pair) -> bool:
+        a, b = (self._class_of.get(tuple(d)) for d in pair)
+        return a is not None and a == b
+
+    def leaf_pairs(self, pairs) -> set:
+        """(name, axis, name, axis) pairs as versions.py's sorted leaf pairs;
+        pairs naming something other than an argument (a capture) are left out."""
+        out = set()
+        for a_name, a_axis, b_name, b_axis in pairs:
+            if a_name in self._leaf_of and b_name in self._leaf_of:
+                a, b = (self._leaf_of[a_name], a_axis), (self._leaf_of[b_name], b_axis)
+                out.add((min(a, b), max(a, b)))
+        return out
+
+
+def rewrite(concrete, inputs: InputSizes, options: FusionOptions, name: str):
+    """(GraphDef, output tensor names, Report) of the plan for one trace."""
+    start = time.perf_counter()
+    compilations = cpu_compiler.compilations
+    graph = concrete.graph
+    graph_def = graph.as_graph_def()
+    outputs = [t.name for t in concrete.outputs]
+    control = [op.name for op in graph.control_outputs]
+    # (dtype, shape) per tensor; TensorSpecs, 5x dearer, only if we rewrite
+    known = {t.name: (t.dtype, t.shape) for op in graph.get_operations() for t in op.outputs}
+    costs, costs_source = None, options.costs
+    if options.fusion == "explore":
+        costs, costs_source = (cpu_costs.for_this_machine() if costs_source == "calibrated"
+                               else (dict(cpu_costs.BUILTIN), costs_source))
+    key, names = None, None
+    if options.rewrite_cache:
+        names = trace_names.TraceNames(graph_def)
+        key_options = options.cache_key()
+        if costs is not None:  # the plan depends on the values, not the option's name
+            key_options["costs"] = json.dumps(costs, sort_keys=True)
+        key_options["equal_sizes"] = inputs.classes
+        key = rewrite_cache.make_key(
+            names.canonical(graph_def).SerializeToString(deterministic=True), outputs,
+            control,
+            "\n".join(f"{tensor} {dtype.name} {shape}"
+                      for tensor, (dtype, shape) in sorted(known.items())),
+            key_options, f"{tf.__version__} {tf.version.GIT_VERSION}")
+        entry = rewrite_cache.load(key, register_kernel, timeout=options.compile_timeout,
+                                   restore=names.specific)
+        if entry is not None:
+            report = entry.report
+            report.function, report.signature = name, signature_text(concrete)
+            report.cache_hit = True
+            report.rewrite_seconds = time.perf_counter() - start
+            return entry.graph_def, entry.output_names, report
+    if options.grappler:
+        graph_def = grappler.run_grappler(graph_def, graph, outputs + control)
+    hints = {tensor: tf.TensorSpec(shape, dtype) for tensor, (dtype, shape) in known.items()}
+    types = shapes.infer_types(graph_def, hints)
+    equalities = decided_shapes.InputEqualities(inputs.allowed)
+    fetches = set()
+    for tensor in outputs:
+        src, port, _ = parse_input(tensor)
+        fetches.add((src, port))
+
+    def build(clusters):
+        return build_kernels(clusters, options.compile_timeout)
+    result = run_fusion_pass(graph_def, types, fetches, build, options, costs, costs_source,
+                             equalities)
+    output_names = []
+    for tensor in outputs:
+        src, port, _ = parse_input(tensor)
+        mapped = result.tensor_map.get((src, port), tensor_name((src, port)))
+        output_names.append(mapped if ":" in mapped else mapped + ":0")
+    report = Report(
+        function=name, signature=signature_text(concrete),
+        fusion=options.fusion, exploration=result.exploration,
+        clusters=result.clusters, kernels_before=result.kernels_before,
+        kernels_after=result.kernels_after, compile_seconds=result.compile_seconds,
+        compilations=cpu_compiler.compilations - compilations,
+        rewrite_seconds=time.perf_counter() - start, unfused_ops=result.unfused_ops,
+        assumed_equal=_pair_list(equalities.assumed),
+        equal_sizes_wanted=_pair_list(equalities.wanted))
+    # A plan with a fallback or a split pack may owe it to a passing
+    # failure (a compiler's timeout): it is not cached.
+    if key is not None and not report.fallbacks and not report.split_packs \
+            and names.portable(result.graph_def):
+        try:
+            rewrite_cache.store(key, names.canonical(result.graph_def), output_names, report)
+        except (cache.CacheError, OSError):
+            pass  # a plan not cached is only a slower next trace
+        report.rewrite_seconds = time.perf_counter() - start
+    if report.fallbacks:
+        first = report.fallbacks[0]
+        warnings.warn(f"tf_fusionstitch: {len(report.fallbacks)} cluster(s) of "
+                      f"{name} stay as TensorFlow ops (first: {first.reason}); "
+                      "see .report()", RuntimeWarning, stacklevel=4)
+    return result.graph_def, output_names, report
+
+
+def build_kernels(clusters, timeout: float):
+    """A registered kernel, or the exception that stopped it, per cluster;
+    the missing kernels are compiled several to a compiler run."""
+    from tf_fusionstitch.custom_ops import loader  # noqa: F401  (builds the op library once)
+    built = kernels.build_cpu_kernels(clusters, timeout=timeout)
+    for i, kernel in enumerate(built):
+        if not isinstance(kernel, Exception):
+            try:
+                register_kernel(kernel)
+            except Exception as e:  # noqa: BLE001  (that cluster stays TF ops)
+                built[i] = e
+    return built
+
+
+def register_kernel(kernel) -> None:
+    from tf_fusionstitch.custom_ops import loader  # noqa: F401  (builds the op library once)
+    loader.register_kernel(kernel.key, kernel.path, kernel.spec, kernel.symbol)
+
+
+def import_plan(concrete, n_args: int, feeds, rewritten, output_names):
+    """Imports the plan into the trace being built and returns the trace's
+    outputs, structured as the original's. Raises where the plan cannot run
+    (graph_check.py) or does not import."""
+    graph_check.check_runnable(rewritten, output_names)
+    # Grappler's specialised functions and rewritten bodies are new to the
+    # runtime: an imported library is not registered by the import.
+    function_bodies.register_functions(rewritten)
+    results = tf.graph_util.import_graph_def(
+        rewritten, input_map=_input_map(concrete, n_args, feeds, rewritten),
+        return_elements=output_names, name="fs")
+    flat, it = [], iter(results)
+    for leaf in tf.nest.flatten(concrete.structured_outputs, expand_composites=True):
+        flat.append(next(it) if isinstance(leaf, tf.Tensor) else leaf)
+    return tf.nest.pack_sequence_as(concrete.structured_outputs, flat, expand_composites=True)
+
+
+def _input_map(concrete, n_args: int, feeds, rewritten) -> dict:
+    """The rewritten graph's inputs mapped to this trace's tensors: the
+    arguments, and captures that the rewrite still reads. A captured eager
+    constant appears in the traced GraphDef as a Const that Grappler may fold
+    away (and import_graph_def refuses a mapping to a node that is gone); it
+    carries its value, so nothing is lost."""
+    graph = concrete.graph
+    present = {node.name for node in rewritten.node}
+    input_map = {t.name: f for t, f in zip(graph.inputs[:n_args], feeds)}
+    for placeholder, captured in zip(graph.inputs[n_args:], concrete.captured_inputs):
+        if placeholder.op.name in present:
+            input_map[placeholder.name] = tf.identity(captured)
+    return input_map
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line for a report: its type and first line, shortened."""
+    text = str(exc).strip().splitlines()
+    first = re.sub(r"\s+", " ", text[0]) if text else ""
+    return f"{type(exc).__name__}: {first}"[:500]
+
+
+def signature_text(concrete) -> str:
+    specs = [f"{t.dtype.name}{t.shape}" for t in concrete.graph.inputs
+             if t.dtype != tf.resource]
+    return "(" + ", ".join(specs) + ")"
+
+
+def _pair_list(pairs) -> List[Tuple[str, int, str, int]]:
+    return sorted((a[0], a[1], b[0], b[1]) for a, b in pairs)
