@@ -36,6 +36,9 @@ CITATION = re.compile(
 # or none).
 STRAY = re.compile(r"(?<!docs/)\b(?:DESIGN|PAPERS)\.md")
 HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t]*#*[ \t]*$")
+# File names assembled, here and below, so that the scan of this very file
+# finds no citation in it.
+DESIGN, PAPERS = "DESIGN" + ".md", "PAPERS" + ".md"
 
 
 class Citation(NamedTuple):
@@ -133,7 +136,7 @@ def test_every_cited_document_and_section_exists():
 def test_design_documents_are_cited_only_under_docs():
     texts = tracked_texts()
     misplaced = [p for p in tracked_files()
-                 if p.rsplit("/", 1)[-1] in ("DESIGN.md", "PAPERS.md")
+                 if p.rsplit("/", 1)[-1] in (DESIGN, PAPERS)
                  and not p.startswith("docs/")]
     assert not misplaced, f"design documents outside docs/: {misplaced}"
     problems = stray_problems(texts)
@@ -147,10 +150,10 @@ def test_the_scan_sees_the_citations_the_code_relies_on():
     found = {(path, c.file, c.heading) for path, text in tracked_texts().items()
              for c in citations(text)}
     sections = {(f, h) for _, f, h in found}
-    assert ("DESIGN.md", "Numerics") in sections
-    assert any(f == "PAPERS.md" and h for f, h in sections)
-    assert any(f == "KERNEL_ABI.md" for f, _ in sections)
-    assert ("tests/optimize_testlib.py", "DESIGN.md", "Numerics") in found
+    assert (DESIGN, "Numerics") in sections
+    assert any(f == PAPERS and h for f, h in sections)
+    assert any(f == "KERNEL_ABI" + ".md" for f, _ in sections)
+    assert ("tests/optimize_testlib.py", DESIGN, "Numerics") in found
     assert len({s for s in sections if s[1]}) >= 8, sorted(sections)
 
 
@@ -165,7 +168,7 @@ def test_cited_headings_are_unique():
 # ---------------------------------------------------------------------------
 # The checks themselves, on made-up documents
 
-_DOC = "GUIDE" + ".md"   # assembled, so the scan of this file does not see it
+_DOC, _MISSING = "GUIDE" + ".md", "MISSING" + ".md"
 
 
 def _guide(tmp_path) -> pathlib.Path:
@@ -198,19 +201,18 @@ def test_a_broken_citation_is_reported(tmp_path):
     texts = {
         "heading.py": f'"""As docs/{_DOC}, "Set-up steps" says."""\n',
         "anchor.md": f"\n\nsee docs/{_DOC}#setup\n",
-        "file.txt": "see docs/MISSING.md\n",
+        "file.txt": f"see docs/{_MISSING}\n",
         "next_line.py": f'# docs/{_DOC},\n#   "Not a heading"\n',
     }
     problems = citation_problems(texts, docs)
     assert len(problems) == 4, problems
-    assert problems[0].startswith("anchor.md:3: docs/GUIDE.md#setup")
-    assert problems[1].startswith("file.txt:1: docs/MISSING.md: no such file")
-    assert problems[2].startswith('heading.py:1: docs/GUIDE.md, "Set-up steps": no such')
-    assert problems[3].startswith('next_line.py:1: docs/GUIDE.md, "Not a heading"')
+    assert problems[0].startswith(f"anchor.md:3: docs/{_DOC}#setup")
+    assert problems[1].startswith(f"file.txt:1: docs/{_MISSING}: no such file")
+    assert problems[2].startswith(f'heading.py:1: docs/{_DOC}, "Set-up steps": no such')
+    assert problems[3].startswith(f'next_line.py:1: docs/{_DOC}, "Not a heading"')
 
 
 def test_a_design_document_cited_outside_docs_is_reported():
-    name = "DESIGN" + ".md"
-    texts = {"a.py": f"# see {name}\n# and docs/{name}\n# and shared/{name}\n"}
-    assert stray_problems(texts) == [f"a.py:1: {name} without docs/",
-                                     f"a.py:3: {name} without docs/"]
+    texts = {"a.py": f"# see {DESIGN}\n# and docs/{DESIGN}\n# and shared/{PAPERS}\n"}
+    assert stray_problems(texts) == [f"a.py:1: {DESIGN} without docs/",
+                                     f"a.py:3: {PAPERS} without docs/"]
