@@ -1,7 +1,7 @@
 """Standard patterns on a GPU: bandwidth against copy, speed against JAX/XLA (TF-free).
 
 One call that, on a machine with a GPU, reports for each standard pattern at
-the large sizes of PAPERS.md's table (and a larger softmax):
+the large sizes of docs/DESIGN.md, "Reference patterns" (and a larger softmax):
 
 - the device's copy bandwidth: a cudaMemcpy device-to-device copy and a
   float4 read+write kernel of a 1 GiB buffer, timed with CUDA events; the
@@ -123,7 +123,7 @@ class Case:
 
 
 def cases() -> list:
-    """The sizes of PAPERS.md's table (section 3, measured on a CPU), plus a longer softmax."""
+    """The sizes of docs/DESIGN.md, "Reference patterns", plus a longer softmax."""
     return [
         Case("layernorm", patterns.layernorm(1024), (16384, 1024), (512, 1024), "layernorm"),
         Case("softmax", patterns.softmax(128), (96, 128, 128), (4, 128, 128), "softmax"),

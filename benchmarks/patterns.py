@@ -90,7 +90,8 @@ def bn_relu(x, scale, offset, mean, variance):
 
 
 def _cases(small):
-    """(row name, function, input shapes) per pattern; the sizes of PAPERS.md section 3."""
+    """(row name, function, input shapes) per pattern, at the sizes of
+    docs/DESIGN.md, "Reference patterns"."""
     ln = (64, 128) if small else (16384, 1024)
     sm = (4, 16, 16) if small else (96, 128, 128)
     gl = (64, 256) if small else (4096, 3072)

@@ -1,5 +1,5 @@
-"""fusion="explore": FusionStitching's fusion-plan exploration (PAPERS.md,
-section 1, "Two cost models" and "Exploring fusion plans").
+"""fusion="explore": FusionStitching's fusion-plan exploration (docs/PAPERS.md,
+"Plan exploration"; its delta evaluator: docs/PAPERS.md, "Cost models").
 
 Five steps over the fusible nodes (clustering.fusible_nodes):
 

@@ -1,5 +1,5 @@
 """How many memory-intensive kernels a GraphDef launches: the paper's count
-(PAPERS.md, section 1, the kernel-count column: TF -> XLA -> FS)."""
+(docs/PAPERS.md, "Results and kernel counts": TF -> XLA -> FS)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Kernel packing (remote fusion): kernels that no path connects share one
-launch (PAPERS.md, section 1: "independent ops share a launch").
+launch (docs/PAPERS.md, "Kernel packing").
 
 Input: the clusters a strategy formed. Every cluster with a memory-intensive
 op is a *unit*; one packed cluster (a FusionStitch node of several

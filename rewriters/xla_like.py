@@ -1,6 +1,6 @@
 """fusion="xla_like": XLA's GPU fusion rules, so plans can be compared in one tool.
 
-FusionStitching (PAPERS.md, section 1) measures itself against XLA, whose
+FusionStitching (docs/PAPERS.md, "FusionStitching") measures itself against XLA, whose
 fusion keeps an intermediate only in the registers of the thread that made
 it. This pass forms clusters by XLA's rules; they go through the same
 lowering, schedule and codegen as stitch's, so the two plans differ only in

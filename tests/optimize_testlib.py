@@ -2,7 +2,7 @@
 
 Inputs are fresh random values from a seeded generator; results of the
 optimized function are compared with the original tf.function's under the
-tolerances DESIGN.md documents per op class (Contracts, Numerics):
+tolerances docs/DESIGN.md, "Numerics" documents per op class:
 
 - integers and booleans: exact;
 - one elementwise op: the result rounded once to the output type, so within

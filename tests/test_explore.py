@@ -3,7 +3,7 @@
 plans scored by the delta evaluator, remote fusion (kernel packing).
 
 Explored plans go through the same lowering, schedule and codegen as stitch's,
-so their results must equal TF's under DESIGN.md's tolerances (see
+so their results must equal TF's under docs/DESIGN.md, "Numerics" (see
 optimize_testlib.py) on fresh seeded random inputs, and they should need no
 more kernels than the greedy plan.
 """
@@ -26,7 +26,8 @@ from benchmarks import models  # noqa: E402  (the repository root, not an instal
 
 HIDDEN = 32
 # layernorm-like results: two reductions of HIDDEN terms, an rsqrt and a few
-# products; |error| <= (n + 8) eps relative to the result's scale (DESIGN.md).
+# products; |error| <= (n + 8) eps relative to the result's scale
+# (docs/DESIGN.md, "Numerics").
 _NORM_TOL = (HIDDEN + 8) * EPS["float32"]
 
 

@@ -3,7 +3,7 @@ While bodies of Keras GRU/LSTM layers (and of their gradients), a plain
 tf.while_loop, and the fallback when a body cannot be rewritten.
 
 Results are compared with TF's on fresh random inputs under optimize_testlib's
-tolerances (DESIGN.md Contracts): a recurrent layer is a chain of elementwise
+tolerances (docs/DESIGN.md, "Numerics"): a recurrent layer is a chain of elementwise
 ops and small matmuls per step, so the whole-function tolerance of
 test_optimize_functions.test_train_step (rtol 1e-5, atol 1e-6) applies; train
 steps are compared by optimize_testlib.assert_train_steps_match.

@@ -2,8 +2,8 @@
 nested outputs, dynamic shapes and retracing, ConcreteFunctions, degenerate
 shapes, the compiler-failure fallback, and API errors.
 
-Results are compared with the original tf.function under DESIGN.md's
-tolerances (see optimize_testlib.py) on fresh seeded random inputs.
+Results are compared with the original tf.function under the tolerances of
+docs/DESIGN.md, "Numerics" (see optimize_testlib.py) on fresh seeded random inputs.
 """
 
 import dataclasses
@@ -27,7 +27,8 @@ from tf_fusionstitch.runtime import cpu_compiler
 
 HIDDEN = 64
 # layernorm-like results: two reductions of HIDDEN terms, an rsqrt and a few
-# products; |error| <= (n + 8) eps relative to the result's scale (DESIGN.md).
+# products; |error| <= (n + 8) eps relative to the result's scale
+# (docs/DESIGN.md, "Numerics").
 _NORM_TOL = (HIDDEN + 8) * EPS["float32"]
 
 
@@ -57,7 +58,7 @@ def _layernorm(x, gamma, beta, eps=1e-5):
 
 
 class PatternTest(tf.test.TestCase):
-    """DESIGN.md's reference patterns: each is one stitched kernel."""
+    """docs/DESIGN.md, "Reference patterns": each is one stitched kernel."""
 
     def setUp(self):
         super().setUp()

@@ -4,7 +4,7 @@ Each op runs alone (min_cluster_ops=1, so one op is a cluster) for every dtype
 TensorFlow's CPU kernels accept, and in a chain of 2-3 ops with NumPy
 broadcasting ([N,1,C] with [H,1]). Each test asserts that the op was fused
 (the report shows a fused cluster containing it) and that the results match
-TensorFlow's within the per-op-class tolerances of DESIGN.md (see
+TensorFlow's within the per-op-class tolerances of docs/DESIGN.md, "Numerics" (see
 optimize_testlib.py). Several independent clusters go into one function, so
 their kernels compile in parallel; shapes are shared so the session cache is.
 """

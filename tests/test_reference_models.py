@@ -6,7 +6,7 @@ two batch sizes, three optimized Adam training steps give TF's losses and
 variables from identical initial weights, and the rewrite fused something and
 fell back nowhere.
 
-Tolerances (float32, DESIGN.md Contracts), for these tiny sizes:
+Tolerances (float32, docs/DESIGN.md, "Numerics"), for these tiny sizes:
 - inference outputs and losses: the whole-function tolerance of
   test_optimize_functions.test_train_step (optimize_testlib's transcendental
   chains: rtol 1e-5, atol 1e-6), elementwise. Layernorm and softmax rows have

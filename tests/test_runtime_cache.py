@@ -1,6 +1,6 @@
 """Tests of the TF-free runtime: disk cache, CPU compiler, CpuKernel.
 
-No TensorFlow here (DESIGN.md: the runtime must work without it).
+No TensorFlow here (docs/DESIGN.md, "TF-free core": the runtime must work without it).
 """
 
 import hashlib

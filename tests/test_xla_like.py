@@ -2,7 +2,7 @@
 and the memory-intensive kernel count (rewriters/kernel_count.py).
 
 xla_like clusters are smaller than stitch's but go through the same codegen,
-so their results must equal TF's under DESIGN.md's tolerances (see
+so their results must equal TF's under docs/DESIGN.md, "Numerics" (see
 optimize_testlib.py) on fresh seeded random inputs; their kernel counts are the
 comparison with XLA this option exists for.
 """

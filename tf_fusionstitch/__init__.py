@@ -1,7 +1,8 @@
 """tf_fusionstitch: stitched fusion of memory-intensive TensorFlow ops.
 
 `optimize` needs TensorFlow; the fusion IR, schedule, codegen and runtime
-submodules do not, so they import on machines without it (DESIGN.md).
+submodules do not, so they import on machines without it (docs/DESIGN.md,
+"TF-free core").
 """
 
 __version__ = "0.1.0"

@@ -8,7 +8,7 @@ regenerates source from it). A `FusionStitch` node carries it as JSON; that JSON
 is validated here before anything is generated from it, so a graph can never
 smuggle code in through names or attributes.
 
-No TensorFlow import here, by design (see DESIGN.md, "TF-free core").
+No TensorFlow import here, by design (see docs/DESIGN.md, "TF-free core").
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ _ARITY = {**{p: 1 for p in UNARY + REDUCE + SHAPE_ONLY + MOVE},
           **{p: 2 for p in BINARY + SCATTER},
           **{p: 3 for p in TERNARY}, "const": 0}
 
-# Expensive elementwise ops (PAPERS.md op classes): worth buffering rather than
+# Expensive elementwise ops (docs/PAPERS.md, "Op classes"): worth buffering rather than
 # recomputing when a value is needed after a reduction.
 EXPENSIVE = frozenset({
     "exp", "log", "log1p", "expm1", "tanh", "sigmoid", "elu", "selu", "softplus",

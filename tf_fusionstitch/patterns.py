@@ -1,9 +1,10 @@
-"""The reference patterns (DESIGN.md) as fusion-IR clusters, with NumPy references.
+"""The reference patterns as fusion-IR clusters, with NumPy references
+(docs/DESIGN.md, "Reference patterns").
 
 Each pattern is built as the rewriters lower TensorFlow's ops (primitives of
 fusion_ir.py) over a dynamic batch dimension, so one kernel serves every row
 count. `reference` computes in float64 from the same float32 inputs; `rtol`
-and `atol` are the per-pattern tolerances the numerics contract allows for a
+and `atol` are the per-pattern tolerances docs/DESIGN.md, "Numerics" allows for a
 float32 kernel (reductions: bounded by the sum of magnitudes). Used by the
 CUDA checks and their tool, with `random_inputs` and `max_error` for any
 other cluster. TF-free.

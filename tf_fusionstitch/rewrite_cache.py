@@ -17,7 +17,7 @@ cache keeps the outcome of all that, keyed by everything that decides it:
     an old plan, version bump or not).
 
 The value is JSON (never pickle: this directory also holds the shared objects
-we dlopen, DESIGN.md "Security"): the rewritten GraphDef (base64 of its
+we dlopen, docs/DESIGN.md, "Security"): the rewritten GraphDef (base64 of its
 serialized bytes), the output names and the Report. It is stored through
 runtime/cache.py (user-owned 0700 directory, written atomically, sha256
 verified on every read), in $TF_FUSIONSTITCH_CACHE_DIR when set.

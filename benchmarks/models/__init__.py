@@ -1,4 +1,4 @@
-"""Reference models for the fusion compiler (DESIGN.md, Performance method):
+"""Reference models for the fusion compiler (docs/DESIGN.md, "Performance method"):
 Keras layers, seeded random weights, no downloads.
 
 Each module has `build(**sizes, seed=0) -> common.ReferenceModel` and two size

@@ -54,7 +54,7 @@ def generate_cpp(cluster: ir.Cluster) -> GeneratedKernel:
 
 @dataclasses.dataclass(frozen=True)
 class GeneratedCudaKernel:
-    source: str              # CUDA C++ for NVRTC: `fs_kernel` (docs/KERNEL_ABI.md, CUDA)
+    source: str              # CUDA C++ for NVRTC: `fs_kernel` (docs/KERNEL_ABI.md, "CUDA kernels")
     plan: GpuPlan            # schedule as lowered for the GPU, and its mapping
     n_ext: int               # run-time extents the kernel takes after its buffers
     host_source: str         # C++ with fs_meta and fs_shape: the launcher's extents and grid

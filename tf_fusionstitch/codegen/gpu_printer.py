@@ -411,7 +411,7 @@ POINTER_QUALIFIER = "__restrict__ "
 
 
 def print_cuda(plan: GpuPlan, n_ext: int) -> str:
-    """The CUDA kernel `fs_kernel` (docs/KERNEL_ABI.md, CUDA section). A
+    """The CUDA kernel `fs_kernel` (docs/KERNEL_ABI.md, "CUDA kernels"). A
     split row's kernel takes the launch `fs_phase` and its workspace after
     the extents, and runs that launch's body."""
     bodies = phase_bodies(plan, CUDA)

@@ -1,5 +1,5 @@
 """A packed kernel: several unconnected parts of one cluster in one launch
-(the paper's kernel packing; PAPERS.md, section 1).
+(the paper's kernel packing; docs/PAPERS.md, "Kernel packing").
 
 Each part (fusion_ir.connected_parts) gets its own schedule and is printed
 as an ordinary kernel under private names (`fs_shape_p<i>`, `fs_run_p<i>`).

@@ -1,4 +1,4 @@
-"""FusionStitching's latency evaluator for one GPU plan (PAPERS.md section 1).
+"""FusionStitching's latency evaluator for one GPU plan (docs/PAPERS.md, "Cost models").
 
     latency = max(memory, issue) + OVERLAP_LOSS x min(memory, issue)
     issue = waves x wave time

@@ -1,6 +1,6 @@
 """Occupancy of a CUDA kernel from its launch shape and ptxas' resources.
 
-The occupancy term of FusionStitching's latency evaluator (PAPERS.md): how
+The occupancy term of FusionStitching's latency evaluator (docs/PAPERS.md, "Cost models"): how
 many warps an SM keeps resident, limited by threads, blocks, registers and
 shared memory per SM. The limits and allocation granularities are NVIDIA's
 (CUDA occupancy calculator, cuda_occupancy.h: shared memory is allocated

@@ -1,4 +1,4 @@
-"""Launch a generated CUDA kernel with CuPy (docs/KERNEL_ABI.md, CUDA; TF-free).
+"""Launch a generated CUDA kernel with CuPy (docs/KERNEL_ABI.md, "CUDA kernels"; TF-free).
 
 The host side is the CPU kernel's shape function: `HostShape` loads a shared
 object exporting `fs_shape` (built from `GeneratedCudaKernel.host_source`)

@@ -33,7 +33,7 @@ Every output is checked against an *enclosure* computed by `evaluate`: interval
 arithmetic in float64 over the same DAG, starting from the exact input values.
 For every value it gives [lo, hi] (floats), an exact value (integers), or a
 {0, 1} interval (booleans), that contains what ANY implementation conforming
-to DESIGN.md's numerics contract may return: each primitive is evaluated at the
+to docs/DESIGN.md, "Numerics" may return: each primitive is evaluated at the
 corners of its input box (every op here is monotone in each argument, or is
 handled by a rule of its own below), then widened by that op's documented error
 (`_ERR`: a few ulps for transcendental functions, none for correctly rounded
@@ -891,7 +891,7 @@ def _nudge(x, direction, dtype):
 def round_out(lo, hi, dtype):
     """Round [lo, hi] outward to the dtype's grid, then allow flush-to-zero.
 
-    Denormals: TF runs its threads with FTZ/DAZ (DESIGN.md and
+    Denormals: TF runs its threads with FTZ/DAZ (docs/DESIGN.md, "Numerics", and
     test_optimize_ops: not part of the contract), so any value whose magnitude
     may be below the smallest normal may also come out as a zero of its sign."""
     with np.errstate(all="ignore"):
