@@ -1,10 +1,16 @@
 # Supported build: a virtualenv at .venv with requirements.txt and `pip install -e .`.
 # `make demo` and `make test` create it on first use and reuse it afterwards.
+# `make test` also keeps a second, TF-free virtualenv inside it (.venv/core, with
+# requirements-core.txt alone) and runs the `core` tests there: that is what
+# shows the core (fusion IR, schedule, codegen, runtime, gpu) needs no TensorFlow.
 
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+CORE_VENV  := $(VENV)/core
+CORE_PY    := $(CORE_VENV)/bin/python
+CORE_STAMP := $(CORE_VENV)/.installed
 PYTEST_ARGS ?=
 # Test workers (pytest-xdist); each holds a TF process of up to a few GB.
 # Tests are handed out two at a time: with xdist's default chunks the first
@@ -19,7 +25,7 @@ all: test
 venv: $(STAMP)
 
 # Reinstalled only when one of these files is newer than the stamp.
-$(STAMP): requirements.txt requirements-nodeps.txt setup.py pyproject.toml
+$(STAMP): requirements.txt requirements-core.txt requirements-nodeps.txt setup.py pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
@@ -27,11 +33,21 @@ $(STAMP): requirements.txt requirements-nodeps.txt setup.py pyproject.toml
 	$(PY) -m pip install --quiet -e .
 	@touch $@
 
+# The package without its dependencies: the core needs only requirements-core.txt.
+$(CORE_STAMP): $(STAMP) requirements-core.txt
+	@test -x $(CORE_PY) || $(PYTHON) -m venv $(CORE_VENV)
+	$(CORE_PY) -m pip install --quiet --upgrade pip
+	$(CORE_PY) -m pip install --quiet -r requirements-core.txt
+	$(CORE_PY) -m pip install --quiet --no-deps -e .
+	@touch $@
+
 demo: $(STAMP)
 	$(PY) -m tf_fusionstitch.tools.demo
 
-test: $(STAMP)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=2 tests $(PYTEST_ARGS)
+# The TF-free tests where TensorFlow is not installed, then the others with it.
+test: $(STAMP) $(CORE_STAMP)
+	$(CORE_PY) -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=2 -m core tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=2 -m "not core" tests $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/patterns.py $(BENCH_ARGS)

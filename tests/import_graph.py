@@ -138,3 +138,67 @@ def private_uses(known: Dict[str, pathlib.Path]) -> List[str]:
 
 def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
+
+
+# Distributions a test needs TensorFlow's stack for: a test module that
+# reaches one of these at import time is a `tf` test, any other a `core` one.
+TF_STACK = {"tensorflow", "keras", "keras_hub", "tf_keras", "tf2onnx", "onnxruntime"}
+
+
+def _import_time_names(path: pathlib.Path) -> Set[str]:
+    """The absolute modules a file imports when it is imported: statements
+    at module level (in if/try blocks and class bodies too), not in function
+    bodies, which run only when called. `from a import b` names a.b and a."""
+    names: Set[str] = set()
+    pending = list(ast.parse(path.read_text(), str(path)).body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+        pending.extend(ast.iter_child_nodes(node))
+    return names
+
+
+def _test_units() -> Dict[str, pathlib.Path]:
+    """Module name -> file for what tests import besides the package: the
+    repository's benchmarks (as `benchmarks.x` from the root, and by bare
+    name as their scripts import each other) and the tests' helper modules."""
+    out = {}
+    for path in sorted((ROOT / "benchmarks").rglob("*.py")):
+        parts = [p for p in path.relative_to(ROOT).with_suffix("").parts if p != "__init__"]
+        out[".".join(parts)] = path
+        if path.parent.name == "benchmarks":
+            out.setdefault(path.stem, path)
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if not path.name.startswith("test_") and path.name != "conftest.py":
+            out[path.stem] = path
+    return out
+
+
+class TensorFlowReach:
+    """Whether importing a file imports TensorFlow's stack, through the
+    package, the benchmarks and the tests' helpers (read with ast)."""
+
+    def __init__(self):
+        self._units = {**modules(), **_test_units()}
+        self._memo: Dict[pathlib.Path, bool] = {}
+
+    def __call__(self, path: pathlib.Path) -> bool:
+        path = pathlib.Path(path).resolve()
+        if path not in self._memo:
+            self._memo[path] = False   # an import cycle adds nothing
+            self._memo[path] = any(self._reaches(name) for name in _import_time_names(path))
+        return self._memo[path]
+
+    def _reaches(self, name: str) -> bool:
+        if name.split(".")[0] in TF_STACK:
+            return True
+        # importing a.b.c runs a's and a.b's __init__ first
+        parts = name.split(".")
+        prefixes = (".".join(parts[:i]) for i in range(1, len(parts) + 1))
+        return any(self(self._units[p]) for p in prefixes if p in self._units)

@@ -10,6 +10,9 @@ import sys
 from tf_fusionstitch.runtime import cpu_compiler
 import pytest
 
+# The script under test imports TensorFlow (in its own process).
+pytestmark = pytest.mark.tf
+
 SCRIPT = pathlib.Path(__file__).parents[1] / "benchmarks" / "compare_plans.py"
 
 try:  # kernels are compiled C++

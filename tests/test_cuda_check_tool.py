@@ -3,6 +3,9 @@
 import subprocess
 import sys
 
+import gpu_device
+import pytest
+
 from tf_fusionstitch import patterns
 
 
@@ -62,19 +65,10 @@ def test_gpu_flag_splits_few_long_rows_and_emulates_the_split(tmp_path):
     assert line.split()[1] == "block" and line.split()[3].startswith("/") and line.endswith("yes")
 
 
-def _gpu_count() -> int:
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount()
-    except Exception:  # no CuPy, or no driver: no GPU
-        return 0
-
-
 def test_on_gpu_yes_without_a_gpu_says_why(tmp_path):
     """Insisting on the GPU run where none is usable is an error that names
     the reason; the default (auto) runs the checks that need no GPU."""
-    if _gpu_count():
-        import pytest
+    if gpu_device.gpu_count():
         pytest.skip("a GPU is present")
     res = run_tool(tmp_path, "--on_gpu=yes")
     assert res.returncode != 0

@@ -25,19 +25,6 @@ except cpu_compiler.CompilerNotFound as exc:
     pytest.skip(f"no C++ compiler for the kernels' host side: {exc}", allow_module_level=True)
 
 
-def _gpu_count() -> int:
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount()
-    except Exception:  # no CuPy, no driver, or no device
-        return 0
-
-
-needs_gpu = pytest.mark.skipif(_gpu_count() == 0,
-                               reason="no CUDA GPU visible to CuPy (pip install cupy-cuda12x "
-                                      "and run on a machine with a GPU and driver)")
-
-
 def test_host_shape_gives_outputs_extents_and_work_items():
     host = gpu_build.host_shape(generate_cuda(PATTERNS["layernorm_768"].cluster))
     out_shapes, ext, work = host([(13, 768), (768,), (768,)])
@@ -57,7 +44,7 @@ def test_launches_cover_every_work_item_once():
     assert launches(big, 8) == [(0, big - 5, 2**31 - 1), (big - 5, big, 1)]
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_plans_chosen_for_this_device_match_numpy():
     """The latency evaluator's plans for the device: 4 static rows of 65536
     columns (on the GPUs gpu_cost knows, each row split over 16-32 blocks:
@@ -75,7 +62,7 @@ def test_plans_chosen_for_this_device_match_numpy():
         np.testing.assert_allclose(got, want, rtol=pattern.rtol, atol=pattern.atol)
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(PATTERNS))
 def test_standard_pattern_on_the_gpu_matches_numpy(name):
     pattern = PATTERNS[name]
@@ -89,7 +76,7 @@ def test_standard_pattern_on_the_gpu_matches_numpy(name):
             np.testing.assert_allclose(got, want, rtol=pattern.rtol, atol=pattern.atol)
 
 
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_sixteen_bit_layernorm_on_the_gpu_matches_the_emulation(dtype):
     """Same schedule, same rounding points: the GPU agrees with the emulated
@@ -114,7 +101,7 @@ def test_sixteen_bit_layernorm_on_the_gpu_matches_the_emulation(dtype):
                                atol=tol)
 
 
-@needs_gpu
+@pytest.mark.gpu
 def test_cuda_check_runs_checks_and_times_each_kernel_on_the_gpu(tmp_path):
     import subprocess
     import sys

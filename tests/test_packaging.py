@@ -11,6 +11,7 @@ import tempfile
 from unittest import mock
 
 from absl.testing import absltest
+import pytest
 import setuptools
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,6 +85,7 @@ class PackagingTest(absltest.TestCase):
         self.assertEqual(result.stdout.strip(), "[]")
 
 
+@pytest.mark.tf   # the environment with TensorFlow (the TF-free one has none)
 class EnvironmentTest(absltest.TestCase):
     """What `make` installs: one TensorFlow distribution, keras-hub beside it."""
 

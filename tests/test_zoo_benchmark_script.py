@@ -15,6 +15,9 @@ import sys
 
 import pytest
 
+# The script under test imports TensorFlow (in its own process).
+pytestmark = pytest.mark.tf
+
 from tf_fusionstitch.runtime import cpu_compiler
 
 SCRIPT = pathlib.Path(__file__).parents[1] / "benchmarks" / "zoo.py"
