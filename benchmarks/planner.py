@@ -30,7 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags  # noqa: E402
 
 from tf_fusionstitch import planner  # noqa: E402
-from tf_fusionstitch.planner import dqn, reference_models, searches  # noqa: E402
+from tf_fusionstitch.planner import dqn, reference_models, search_common, searches  # noqa: E402
 
 import results_md  # noqa: E402  (benchmarks/ is this script's directory, on sys.path)
 
@@ -192,7 +192,7 @@ def run_case(case, seeds, budget, exhaustive_limit, small):
             _print_run(runs[-1])
     mega = megatron_config(base)
     mega_time = SharedEnv(base, shared).evaluate(mega).step_time if mega else None
-    dp_est = SharedEnv(base, shared).evaluate(dqn.reference_config(base))
+    dp_est = SharedEnv(base, shared).evaluate(search_common.reference_config(base))
     return dict(case=case, graph=graph.summary(), runs=runs, budget=budget,
                 megatron=mega_time, data_parallel=(dp_est.step_time, dp_est.feasible),
                 setup=setup, meshes=len(base.meshes))

@@ -12,7 +12,8 @@ priced plans are free and would otherwise hold the temperature.
 import math
 import random as random_lib
 
-from tf_fusionstitch.planner import dqn, searches
+from tf_fusionstitch.planner.search_common import (Budget, make_plan, neighbours, random_plan,
+                                                   reference_config)
 
 DEFAULT_BUDGET = 300
 
@@ -21,21 +22,13 @@ def _log_objective(env, config):
     return math.log(env.objective(env.evaluate(config)))
 
 
-def _random_plan(env, rng):
-    """A uniformly random legal episode (a random mesh, then random legal decisions)."""
-    state = env.reset()
-    while (dec := env.decision(state)) is not None:
-        state = env.step(state, rng.choice(dec.legal_actions()))
-    return env.config(state)
-
-
 def annealing(env, budget=None, seed=0, t_start=1.0, t_end=3e-3, jump=0.1,
               max_steps_per_call=20):
     """(Plan of the best plan priced, cost-model calls used)."""
     budget = budget or DEFAULT_BUDGET
     rng = random_lib.Random(seed)
-    track = searches._Budget(env, budget)
-    current = dqn.reference_config(env)
+    track = Budget(env, budget)
+    current = reference_config(env)
     track.consider(current)
     current_obj = _log_objective(env, current)
     max_steps = max_steps_per_call * budget
@@ -45,15 +38,15 @@ def annealing(env, budget=None, seed=0, t_start=1.0, t_end=3e-3, jump=0.1,
         # Cool with the budget spent, or with steps when proposals keep being known plans.
         progress = min(1.0, max(track.used / budget, step / max_steps))
         temperature = t_start * (t_end / t_start) ** progress
-        neighbours = list(searches._neighbours(env, current))
-        if rng.random() < jump or not neighbours:
-            proposal = _random_plan(env, rng)
+        moves = list(neighbours(env, current))
+        if rng.random() < jump or not moves:
+            proposal = random_plan(env, rng)
         else:
-            proposal = rng.choice(neighbours)
-        if proposal not in env._cache and track.exhausted():
+            proposal = rng.choice(moves)
+        if not env.is_priced(proposal) and track.exhausted():
             break
         track.consider(proposal)
         obj = _log_objective(env, proposal)
         if obj <= current_obj or rng.random() < math.exp(-(obj - current_obj) / temperature):
             current, current_obj = proposal, obj
-    return searches.make_plan(env, track.best, "annealing"), track.used
+    return make_plan(env, track.best, "annealing"), track.used

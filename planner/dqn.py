@@ -35,6 +35,7 @@ import numpy as np
 
 from tf_fusionstitch.planner import cost_model as cm
 from tf_fusionstitch.planner import env_features, pruning
+from tf_fusionstitch.planner.search_common import make_plan, reference_config
 
 DEFAULT_BUDGET = 300
 FEASIBLE_FLOOR = -2.5      # reward clip for plans that fit (at most ~12x slower than DP)
@@ -205,15 +206,6 @@ class _QNetworks:
         self.target.set_weights(self.online.get_weights())
 
 
-def reference_config(env):
-    """Pure data parallelism if the environment offers it, else the first mesh's plain plan."""
-    n = env.cluster.num_devices
-    if (n, 1, 1) in env.meshes:
-        return cm.Config(replicas=n, schedule=env.schedule)
-    from tf_fusionstitch.planner import searches
-    return next(searches._start_configs(env))
-
-
 class DQNSearch:
     """One search: `run()` returns a `Result`. See the module docstring."""
 
@@ -239,7 +231,7 @@ class DQNSearch:
 
     def _price(self, config):
         """Objective of `config`, or None when pricing it would exceed the budget."""
-        if config not in self.env._cache and self.used >= self.budget:
+        if not self.env.is_priced(config) and self.used >= self.budget:
             return None
         est = self.env.evaluate(config)
         obj = self.env.objective(est)
@@ -387,6 +379,5 @@ class DQNSearch:
 
 def dqn(env, budget=None, seed=0):
     """The searches' interface: (Plan of the best plan priced, cost-model calls used)."""
-    from tf_fusionstitch.planner import searches
     result = DQNSearch(env, budget, seed).run()
-    return searches.make_plan(env, result.best, "dqn"), result.calls
+    return make_plan(env, result.best, "dqn"), result.calls

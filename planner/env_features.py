@@ -25,14 +25,14 @@ _CATEGORIES = ("matmul", "conv", "elementwise", "reduction", "gather", "update",
 
 
 def _category(op_type):
-    if op_type in op_rules._MATMUL or op_type == "Einsum":
+    if op_rules.is_matmul(op_type) or op_type == "Einsum":
         return "matmul"
     if op_type.startswith(("Conv", "DepthwiseConv")):
         return "conv"
-    if op_type in op_rules._UNARY or op_type in op_rules._NARY or op_type.startswith("Bias"):
+    if op_rules.is_elementwise(op_type) or op_type.startswith("Bias"):
         return "elementwise"
-    if op_type in op_rules._LINEAR_REDUCE or op_type in op_rules._OTHER_REDUCE or \
-            op_type.startswith("Softmax") or op_type.endswith("SoftmaxCrossEntropyWithLogits"):
+    if op_rules.is_reduction(op_type) or op_type.startswith("Softmax") or \
+            op_type.endswith("SoftmaxCrossEntropyWithLogits"):
         return "reduction"
     if "Gather" in op_type or "Segment" in op_type:
         return "gather"
@@ -86,7 +86,7 @@ class Features:
     def _observe(self, state):
         env = self.env
         dec = env.decision(state)
-        mesh, _, _, cuts = env._parse(state)
+        mesh, _, _, cuts = env.parse(state)
         is_unit = dec is not None and dec.kind == "unit"
         context = [self._unit_share[dec.index] if is_unit else 0.0]
         if mesh is not None and mesh[2] > 1:

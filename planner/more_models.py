@@ -1,7 +1,7 @@
 """More reference training steps for the planner's benchmarks: GPT decoders and a ResNet-style CNN.
 
-Written against `reference_models`' variable factory, so each builds eagerly (real weights)
-or in graph mode (nothing allocated); `reference_models` registers them by name.
+Built from `model_blocks` against `reference_models`' variable factory, so each builds eagerly
+(real weights) or in graph mode (nothing allocated); `reference_models` registers them by name.
 
 The CNN writes each 3x3 convolution as im2col (pad, nine shifted slices, concat) followed by a
 MatMul, and pools by reshape + mean. The planner's op table has axis rules for those ops but
@@ -15,7 +15,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from tf_fusionstitch.planner import reference_models as rm
+from tf_fusionstitch.planner.model_blocks import Spec, dense, layer_norm, make_encoder_layer
 
 SIZES = {
     # GPT-2 XL (1.5B): 48 layers, hidden 1600, 25 heads, FFN 6400, vocab 50257, context 1024.
@@ -45,7 +45,7 @@ def gpt(var, batch, seq, hidden, heads, ffn, layers, vocab):
               "lnf_gamma": var("lnf_gamma", (hidden,), "ones"),
               "lnf_beta": var("lnf_beta", (hidden,), "zeros")}
     for i in range(layers):
-        for k, v in rm._make_encoder_layer(var, f"h{i}/", hidden, ffn).items():
+        for k, v in make_encoder_layer(var, f"h{i}/", hidden, ffn).items():
             params[f"{i}/{k}"] = v
     dh = hidden // heads
 
@@ -53,15 +53,15 @@ def gpt(var, batch, seq, hidden, heads, ffn, layers, vocab):
         return tf.transpose(tf.reshape(t, [batch, seq, heads, dh]), [0, 2, 1, 3])
 
     def block(x, p, mask):
-        a = rm._layer_norm(x, p["ln1_gamma"], p["ln1_beta"])
-        q, k, v = (split_heads(rm._dense(a, p[w], p[b])) for w, b in
+        a = layer_norm(x, p["ln1_gamma"], p["ln1_beta"])
+        q, k, v = (split_heads(dense(a, p[w], p[b])) for w, b in
                    (("wq", "bq"), ("wk", "bk"), ("wv", "bv")))
         scores = tf.matmul(q, k, transpose_b=True) * (1.0 / math.sqrt(dh)) + mask
         ctx = tf.matmul(tf.nn.softmax(scores), v)
         ctx = tf.reshape(tf.transpose(ctx, [0, 2, 1, 3]), [batch * seq, hidden])
-        x = x + rm._dense(ctx, p["wo"], p["bo"])
-        f = rm._layer_norm(x, p["ln2_gamma"], p["ln2_beta"])
-        return x + rm._dense(tf.nn.gelu(rm._dense(f, p["w1"], p["b1"])), p["w2"], p["b2"])
+        x = x + dense(ctx, p["wo"], p["bo"])
+        f = layer_norm(x, p["ln2_gamma"], p["ln2_beta"])
+        return x + dense(tf.nn.gelu(dense(f, p["w1"], p["b1"])), p["w2"], p["b2"])
 
     def loss_fn(p, ids, labels):
         mask = _causal_mask(seq)
@@ -70,12 +70,12 @@ def gpt(var, batch, seq, hidden, heads, ffn, layers, vocab):
         for i in range(layers):
             x = block(x, {k.split("/", 1)[1]: v for k, v in p.items()
                           if k.startswith(f"{i}/")}, mask)
-        x = rm._layer_norm(x, p["lnf_gamma"], p["lnf_beta"])
+        x = layer_norm(x, p["lnf_gamma"], p["lnf_beta"])
         logits = tf.matmul(x, p["wte"], transpose_b=True)
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
             tf.reshape(labels, [-1]), logits))
 
-    return rm._Spec(params, loss_fn, [("input_ids", (batch, seq), tf.int32, vocab),
+    return Spec(params, loss_fn, [("input_ids", (batch, seq), tf.int32, vocab),
                                       ("labels", (batch, seq), tf.int32, vocab)])
 
 
@@ -85,12 +85,12 @@ def _conv3x3(x, w, b):
     padded = tf.pad(x, [[0, 0], [1, 1], [1, 1], [0, 0]])
     taps = [tf.slice(padded, [0, i, j, 0], [n, h, wd, c]) for i in range(3) for j in range(3)]
     cols = tf.reshape(tf.concat(taps, axis=3), [n * h * wd, 9 * c])
-    return tf.reshape(rm._dense(cols, w, b), [n, h, wd, -1])
+    return tf.reshape(dense(cols, w, b), [n, h, wd, -1])
 
 
 def _conv1x1(x, w, b):
     n, h, wd, c = x.shape
-    return tf.reshape(rm._dense(tf.reshape(x, [n * h * wd, c]), w, b), [n, h, wd, -1])
+    return tf.reshape(dense(tf.reshape(x, [n * h * wd, c]), w, b), [n, h, wd, -1])
 
 
 def _pool2(x):
@@ -131,10 +131,10 @@ def resnet(var, batch, image, blocks, widths, classes):
             shortcut = _conv1x1(x, p[pre + "proj_w"], p[pre + "proj_b"]) if project else x
             x = tf.nn.relu(y + shortcut)
         pooled = tf.reduce_mean(x, axis=[1, 2])
-        logits = rm._dense(pooled, p["fc_w"], p["fc_b"])
+        logits = dense(pooled, p["fc_w"], p["fc_b"])
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
 
-    return rm._Spec(params, loss_fn, [("images", (batch, image, image, 3), tf.float32, "normal"),
+    return Spec(params, loss_fn, [("images", (batch, image, image, 3), tf.float32, "normal"),
                                       ("labels", (batch,), tf.int32, classes)])
 
 

@@ -54,6 +54,21 @@ def is_free(op_type):
     return op_type in _FREE
 
 
+def is_matmul(op_type):
+    """A (batch) matrix product; Einsum is not one here (it has its own rule)."""
+    return op_type in _MATMUL
+
+
+def is_elementwise(op_type):
+    """A unary or n-ary elementwise op (with broadcasting)."""
+    return op_type in _UNARY or op_type in _NARY
+
+
+def is_reduction(op_type):
+    """A reduction over axes given as an input (Sum, Mean, Max, ...)."""
+    return op_type in _LINEAR_REDUCE or op_type in _OTHER_REDUCE
+
+
 @dataclasses.dataclass
 class AxisRule:
     """Axis facts of one op. Ports are ("i", k) for input k, ("o", k) for output k.
@@ -330,7 +345,7 @@ def flops_and_bytes(op, ins, outs):
     out_bytes = sum(x.nbytes for x in outs)
     if t in _FREE:
         return 0.0, 0.0
-    if t in _MATMUL:
+    if is_matmul(t):
         a, out = ins[0], outs[0]
         if t == "MatMul":
             k = a.shape[0] if op.attrs.get("transpose_a") else a.shape[1]
@@ -364,12 +379,12 @@ def flops_and_bytes(op, ins, outs):
     if t in ("Softmax", "LogSoftmax", "SoftmaxCrossEntropyWithLogits",
              "SparseSoftmaxCrossEntropyWithLogits"):
         return 5.0 * ins[0].num_elements, float(in_bytes + out_bytes)
-    if t in _LINEAR_REDUCE or t in _OTHER_REDUCE or t == "BiasAddGrad":
+    if is_reduction(t) or t == "BiasAddGrad":
         return float(ins[0].num_elements), float(in_bytes + out_bytes)
     if t in ("GatherV2", "ResourceGather"):
         idx = ins[1].nbytes
         return 0.0, float(2 * outs[0].nbytes + idx)
-    if t in _UNARY or t in _NARY or t == "BiasAdd":
+    if is_elementwise(t) or t == "BiasAdd":
         n = outs[0].num_elements if outs else 0
         per = 4.0 if t in _TRANSCENDENTAL else max(1, len(ins) - 1)
         return per * n, float(in_bytes + out_bytes)

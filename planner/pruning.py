@@ -54,7 +54,7 @@ class Pruner:
         """Bytes that the fullest device needs at least, for every completion of `state`
         (0 before the mesh is chosen)."""
         env = self.env
-        mesh, _, units, cuts = env._parse(state)
+        mesh, _, units, cuts = env.parse(state)
         if mesh is None:
             return 0.0
         _, t, p = mesh

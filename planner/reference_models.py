@@ -15,7 +15,8 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from tf_fusionstitch.planner import graph_import
+from tf_fusionstitch.planner import graph_import, more_models
+from tf_fusionstitch.planner.model_blocks import Spec, dense, layer_norm, make_encoder_layer
 
 MODELS = ("mlp", "transformer_block", "bert_large", "bert_base", "bert")
 
@@ -31,6 +32,9 @@ DEFAULT_SIZES = {
     "bert": dict(batch=8, seq=32, hidden=64, heads=4, ffn=256, layers=2, vocab=100,
                  predictions=4),
 }
+# GPT decoders and a ResNet-style CNN are in their own module.
+DEFAULT_SIZES.update(more_models.SIZES)
+MODELS = MODELS + tuple(more_models.SIZES)
 
 
 def sizes_for(model, **overrides):
@@ -47,32 +51,6 @@ def sizes_for(model, **overrides):
 
 # -- model code (graph or eager, depending on the factory) --------------------------------------
 
-def _layer_norm(x, gamma, beta):
-    mean = tf.reduce_mean(x, axis=-1, keepdims=True)
-    centered = x - mean
-    var = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
-    return centered * tf.math.rsqrt(var + 1e-12) * gamma + beta
-
-
-def _dense(x, w, b):
-    return tf.nn.bias_add(tf.matmul(x, w), b)
-
-
-def _make_encoder_layer(var, prefix, hidden, ffn):
-    p = {}
-    for n in ("wq", "wk", "wv", "wo"):
-        p[n] = var(f"{prefix}{n}", (hidden, hidden))
-        p["b" + n[1]] = var(f"{prefix}b{n[1]}", (hidden,), "zeros")
-    p["w1"] = var(f"{prefix}w1", (hidden, ffn))
-    p["b1"] = var(f"{prefix}b1", (ffn,), "zeros")
-    p["w2"] = var(f"{prefix}w2", (ffn, hidden))
-    p["b2"] = var(f"{prefix}b2", (hidden,), "zeros")
-    for n in ("ln1", "ln2"):
-        p[n + "_gamma"] = var(f"{prefix}{n}_gamma", (hidden,), "ones")
-        p[n + "_beta"] = var(f"{prefix}{n}_beta", (hidden,), "zeros")
-    return p
-
-
 def _encoder_layer(x, p, batch, seq, hidden, heads):
     """Post-LN BERT layer on x of shape (batch*seq, hidden)."""
     dh = hidden // heads
@@ -80,24 +58,15 @@ def _encoder_layer(x, p, batch, seq, hidden, heads):
     def split_heads(t):
         return tf.transpose(tf.reshape(t, [batch, seq, heads, dh]), [0, 2, 1, 3])
 
-    q = split_heads(_dense(x, p["wq"], p["bq"]))
-    k = split_heads(_dense(x, p["wk"], p["bk"]))
-    v = split_heads(_dense(x, p["wv"], p["bv"]))
+    q = split_heads(dense(x, p["wq"], p["bq"]))
+    k = split_heads(dense(x, p["wk"], p["bk"]))
+    v = split_heads(dense(x, p["wv"], p["bv"]))
     scores = tf.matmul(q, k, transpose_b=True) * (1.0 / math.sqrt(dh))
     ctx = tf.matmul(tf.nn.softmax(scores), v)
     ctx = tf.reshape(tf.transpose(ctx, [0, 2, 1, 3]), [batch * seq, hidden])
-    x = _layer_norm(x + _dense(ctx, p["wo"], p["bo"]), p["ln1_gamma"], p["ln1_beta"])
-    f = _dense(tf.nn.gelu(_dense(x, p["w1"], p["b1"])), p["w2"], p["b2"])
-    return _layer_norm(x + f, p["ln2_gamma"], p["ln2_beta"])
-
-
-class _Spec:
-    """Variables of a model plus a loss function of (params, inputs)."""
-
-    def __init__(self, params, loss_fn, input_specs):
-        self.params = params
-        self.loss_fn = loss_fn
-        self.input_specs = input_specs   # [(name, shape, dtype, kind)]
+    x = layer_norm(x + dense(ctx, p["wo"], p["bo"]), p["ln1_gamma"], p["ln1_beta"])
+    f = dense(tf.nn.gelu(dense(x, p["w1"], p["b1"])), p["w2"], p["b2"])
+    return layer_norm(x + f, p["ln2_gamma"], p["ln2_beta"])
 
 
 def _mlp(var, batch, sizes):
@@ -110,12 +79,12 @@ def _mlp(var, batch, sizes):
     def loss_fn(p, x, y):
         h = x
         for i in range(n):
-            h = _dense(h, p[f"w{i}"], p[f"b{i}"])
+            h = dense(h, p[f"w{i}"], p[f"b{i}"])
             if i < n - 1:
                 h = tf.nn.relu(h)
         return tf.reduce_mean(tf.square(h - y))
 
-    return _Spec(params, loss_fn, [("x", (batch, sizes[0]), tf.float32, "normal"),
+    return Spec(params, loss_fn, [("x", (batch, sizes[0]), tf.float32, "normal"),
                                    ("y", (batch, sizes[-1]), tf.float32, "normal")])
 
 
@@ -126,18 +95,18 @@ def _transformer(var, batch, seq, hidden, heads, ffn, layers):
               "in_beta": var("input_ln_beta", (hidden,), "zeros")}
     for i in range(layers):
         prefix = "" if layers == 1 else f"layer{i}/"
-        for k, v in _make_encoder_layer(var, prefix, hidden, ffn).items():
+        for k, v in make_encoder_layer(var, prefix, hidden, ffn).items():
             params[f"{i}/{k}"] = v
 
     def loss_fn(p, x, y):
-        h = _layer_norm(tf.reshape(x, [batch * seq, hidden]), p["in_gamma"], p["in_beta"])
+        h = layer_norm(tf.reshape(x, [batch * seq, hidden]), p["in_gamma"], p["in_beta"])
         for i in range(layers):
             layer = {k.split("/", 1)[1]: v for k, v in p.items() if k.startswith(f"{i}/")}
             h = _encoder_layer(h, layer, batch, seq, hidden, heads)
         return tf.reduce_mean(tf.square(h - tf.reshape(y, [batch * seq, hidden])))
 
     shape = (batch, seq, hidden)
-    return _Spec(params, loss_fn, [("x", shape, tf.float32, "normal"),
+    return Spec(params, loss_fn, [("x", shape, tf.float32, "normal"),
                                    ("y", shape, tf.float32, "normal")])
 
 
@@ -157,28 +126,28 @@ def _bert(var, batch, seq, hidden, heads, ffn, layers, vocab, predictions):
               "nsp_w": var("nsp/w", (hidden, 2)),
               "nsp_b": var("nsp/b", (2,), "zeros")}
     for i in range(layers):
-        for k, v in _make_encoder_layer(var, f"layer{i}/", hidden, ffn).items():
+        for k, v in make_encoder_layer(var, f"layer{i}/", hidden, ffn).items():
             params[f"{i}/{k}"] = v
 
     def loss_fn(p, ids, types, positions, labels, nsp):
         x = tf.gather(p["word"], ids) + tf.gather(p["type"], types) + p["position"][:seq]
-        x = _layer_norm(tf.reshape(x, [batch * seq, hidden]), p["emb_gamma"], p["emb_beta"])
+        x = layer_norm(tf.reshape(x, [batch * seq, hidden]), p["emb_gamma"], p["emb_beta"])
         for i in range(layers):
             layer = {k.split("/", 1)[1]: v for k, v in p.items() if k.startswith(f"{i}/")}
             x = _encoder_layer(x, layer, batch, seq, hidden, heads)
         flat = tf.reshape(positions + tf.range(batch)[:, None] * seq, [-1])
-        t = tf.nn.gelu(_dense(tf.gather(x, flat), p["mlm_w"], p["mlm_b"]))
-        t = _layer_norm(t, p["mlm_gamma"], p["mlm_beta"])
+        t = tf.nn.gelu(dense(tf.gather(x, flat), p["mlm_w"], p["mlm_b"]))
+        t = layer_norm(t, p["mlm_gamma"], p["mlm_beta"])
         logits = tf.nn.bias_add(tf.matmul(t, p["word"], transpose_b=True), p["mlm_bias"])
         mlm = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
             tf.reshape(labels, [-1]), logits))
         first = tf.reshape(x, [batch, seq, hidden])[:, 0]
-        pooled = tf.tanh(_dense(first, p["pool_w"], p["pool_b"]))
+        pooled = tf.tanh(dense(first, p["pool_w"], p["pool_b"]))
         nsp_loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            nsp, _dense(pooled, p["nsp_w"], p["nsp_b"])))
+            nsp, dense(pooled, p["nsp_w"], p["nsp_b"])))
         return mlm + nsp_loss
 
-    return _Spec(params, loss_fn, [("input_ids", (batch, seq), tf.int32, vocab),
+    return Spec(params, loss_fn, [("input_ids", (batch, seq), tf.int32, vocab),
                                    ("token_type_ids", (batch, seq), tf.int32, 2),
                                    ("masked_positions", (batch, predictions), tf.int32, seq),
                                    ("masked_ids", (batch, predictions), tf.int32, vocab),
@@ -285,9 +254,3 @@ def build_graph_ir(model, **sizes):
     return graph_import.from_tf_graph(graph, graph_import.variables_of_graph(graph), inputs,
                                       [loss], ops=step_ops, name=model)
 
-
-# GPT decoders and a ResNet-style CNN live in their own module (it uses the helpers above).
-from tf_fusionstitch.planner import more_models  # noqa: E402
-
-DEFAULT_SIZES.update(more_models.SIZES)
-MODELS = MODELS + tuple(more_models.SIZES)

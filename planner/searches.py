@@ -1,67 +1,23 @@
 """Searches over one `strategies.PlanEnv`: exhaustive, dynamic programming, greedy, random,
-and (in their own modules) simulated annealing and the DQN.
+and (in their own modules) simulated annealing and the DQN; what they share is in
+`search_common`.
 
 TF-free. Each returns (Plan, cost-model calls used). `budget` caps cost-model calls (cache
 misses); exhaustive refuses a space larger than its budget rather than silently truncate.
 """
 
+import dataclasses
 import itertools
 import math
 import random as random_lib
 
 from tf_fusionstitch.planner import cost_model as cm
-from tf_fusionstitch.planner import plan as plan_lib
+from tf_fusionstitch.planner.search_common import (Budget, make_plan, neighbours, random_plan,
+                                                   start_configs)
 
 METHODS = ("exhaustive", "dp", "greedy", "random", "annealing", "dqn")
 DEFAULT_BUDGET = {"exhaustive": 5000, "dp": 2000, "greedy": 2000, "random": 200,
                   "annealing": 300, "dqn": 300}
-
-
-def make_plan(env, config, method):
-    """The `Plan` of `config` (evaluated through the environment's cache)."""
-    est = env.evaluate(config)
-    graph, link = env.graph, env.link
-    split = {}
-    if config.tensor_parallel > 1:
-        for u in config.split_units:
-            for var, axis in link.units[u].variables:
-                split[var] = axis
-    unit_stage = env.cost.stage_of_unit(config.cuts)
-    stages = [[] for _ in range(config.stages)]
-    for op in graph.ops:
-        stages[unit_stage[env.cost.anchor[op]]].append(op)
-    counts = {}
-    for c in est.collectives:
-        key = f"{c.kind}/{c.phase}"
-        counts[key] = counts.get(key, 0) + 1
-    return plan_lib.Plan(
-        variable_splits={v: split.get(v) for v in graph.variables},
-        stages=stages, replicas=config.replicas, tensor_parallel=config.tensor_parallel,
-        micro_batches=config.micro_batches, predicted_step_time=est.step_time,
-        peak_memory_per_device=est.peak_memory, feasible=est.feasible,
-        cluster=env.cluster.to_dict(), strategy=env.strategy, method=method,
-        schedule=config.schedule,
-        split_units=[link.units[u].label for u in sorted(config.split_units)],
-        cuts=list(config.cuts), infeasible_reason=est.reason, tp_collectives=counts)
-
-
-class _Budget:
-    def __init__(self, env, budget):
-        self.env, self.start, self.budget = env, env.calls, budget
-        self.best, self.best_obj = None, math.inf
-
-    @property
-    def used(self):
-        return self.env.calls - self.start
-
-    def exhausted(self):
-        return self.used >= self.budget
-
-    def consider(self, config):
-        obj = self.env.objective(self.env.evaluate(config))
-        if obj < self.best_obj:
-            self.best, self.best_obj = config, obj
-        return obj
 
 
 def _complete_states(env, state=()):
@@ -80,7 +36,7 @@ def exhaustive(env, budget=None):
     if len(states) > budget:
         raise ValueError(f"the {env.strategy!r} space has more than {budget} plans: use "
                          "method='dp', 'greedy' or 'random', or raise budget")
-    track = _Budget(env, math.inf)
+    track = Budget(env, math.inf)
     for s in states:
         track.consider(env.config(s))
     return make_plan(env, track.best, "exhaustive"), track.used
@@ -90,60 +46,18 @@ def random(env, budget=None, seed=0):
     """Uniformly random legal episodes until `budget` distinct plans were evaluated."""
     budget = budget or DEFAULT_BUDGET["random"]
     rng = random_lib.Random(seed)
-    track = _Budget(env, budget)
+    track = Budget(env, budget)
     for _ in range(budget * 20):
         if track.exhausted():
             break
-        state = env.reset()
-        while (dec := env.decision(state)) is not None:
-            state = env.step(state, rng.choice(dec.legal_actions()))
-        track.consider(env.config(state))
+        track.consider(random_plan(env, rng))
     return make_plan(env, track.best, "random"), track.used
-
-
-def _start_configs(env):
-    for d, t, p in env.meshes:
-        ms = env.micro_batch_choices(d, p)
-        m = min((x for x in ms if x >= p), default=ms[-1])
-        split = frozenset(env.link.legal_units(set(), t)[:1]) if t > 1 else frozenset()
-        yield cm.Config(d, t, p, m, split, env.even_cuts(p), env.schedule)
-
-
-def _neighbours(env, config):
-    link, t = env.link, config.tensor_parallel
-    if t > 1:
-        for u in range(env.num_units):
-            if u in config.split_units:
-                if len(config.split_units) > 1:   # a t > 1 mesh splits something
-                    yield _replace(config, split_units=config.split_units - {u})
-            elif u in link.legal_units(set(config.split_units), t):
-                yield _replace(config, split_units=config.split_units | {u})
-    ms = env.micro_batch_choices(config.replicas, config.stages)
-    i = ms.index(config.micro_batches)
-    for j in (i - 1, i + 1):
-        if 0 <= j < len(ms):
-            yield _replace(config, micro_batches=ms[j])
-    cuts = list(config.cuts)
-    for k in range(len(cuts)):
-        lo = cuts[k - 1] + 1 if k else 1
-        hi = cuts[k + 1] - 1 if k + 1 < len(cuts) else env.cost.num_units - 1
-        for c in (cuts[k] - 1, cuts[k] + 1):
-            if lo <= c <= hi:
-                yield _replace(config, cuts=tuple(cuts[:k] + [c] + cuts[k + 1:]))
-
-
-def _replace(config, **kw):
-    fields = dict(replicas=config.replicas, tensor_parallel=config.tensor_parallel,
-                  stages=config.stages, micro_batches=config.micro_batches,
-                  split_units=config.split_units, cuts=config.cuts, schedule=config.schedule)
-    fields.update(kw)
-    return cm.Config(**fields)
 
 
 def _ranked_starts(env, track):
     """Every mesh's plain start, evaluated, best first: a budget that runs out during
     refinement has still compared every mesh."""
-    starts = [(track.consider(c), i, c) for i, c in enumerate(_start_configs(env))]
+    starts = [(track.consider(c), i, c) for i, c in enumerate(start_configs(env))]
     return [c for _, _, c in sorted(starts)]
 
 
@@ -152,14 +66,14 @@ def greedy(env, budget=None):
     change until none improves (split or unsplit one unit, move one cut, adjacent
     micro-batch count)."""
     budget = budget or DEFAULT_BUDGET["greedy"]
-    track = _Budget(env, budget)
+    track = Budget(env, budget)
     for start in _ranked_starts(env, track):
         if track.exhausted():
             break
         current, obj = start, env.objective(env.evaluate(start))
         while not track.exhausted():
             best_n, best_obj = None, obj
-            for n in _neighbours(env, current):
+            for n in neighbours(env, current):
                 if track.exhausted():
                     break
                 o = track.consider(n)
@@ -215,14 +129,14 @@ def dp(env, budget=None):
     (else a greedy-grown list), then per micro-batch count the pipeline cuts by exact dynamic
     programming over pipeline units."""
     budget = budget or DEFAULT_BUDGET["dp"]
-    track = _Budget(env, budget)
+    track = Budget(env, budget)
     for start in _ranked_starts(env, track):
         d, t, p = start.replicas, start.tensor_parallel, start.stages
         best_split, best_obj = frozenset(), math.inf
         for s in (_split_sets(env, t) if t > 1 else [frozenset()]):
             if track.exhausted():
                 break
-            o = track.consider(_replace(start, split_units=s))
+            o = track.consider(dataclasses.replace(start, split_units=s))
             if o < best_obj:
                 best_split, best_obj = s, o
         if p == 1:

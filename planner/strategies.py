@@ -101,7 +101,7 @@ class PlanEnv:
     def reset(self):
         return ()
 
-    def _parse(self, state):
+    def parse(self, state):
         """(mesh, m, unit decisions, cuts) of a partial state."""
         if not state:
             return None, None, [], []
@@ -122,7 +122,7 @@ class PlanEnv:
         """The next `Decision`, or None when `state` is complete."""
         if not state:
             return Decision("mesh", 0, tuple(self.meshes), (True,) * len(self.meshes))
-        mesh, m, units, cuts = self._parse(state)
+        mesh, m, units, cuts = self.parse(state)
         d, t, p = mesh
         if m is None:
             choices = self.micro_batch_choices(d, p)
@@ -169,7 +169,7 @@ class PlanEnv:
         dec = self.decision(state)
         kind = [float(dec is not None and dec.kind == k) for k in self._KINDS]
         index = [dec.index / max(1, self.num_units) if dec is not None else 0.0]
-        mesh, m, units, cuts = self._parse(state)
+        mesh, m, units, cuts = self.parse(state)
         d, t, p = mesh if mesh else (0, 0, 0)
         mesh_feats = [d / n, t / n, p / n, (m or 0) / self.batch]
         unit_feats = [float(x) for x in units] + [-1.0] * (self.num_units - len(units))
@@ -190,7 +190,7 @@ class PlanEnv:
         return self.decision(state) is None
 
     def config(self, state):
-        mesh, m, units, cuts = self._parse(state)
+        mesh, m, units, cuts = self.parse(state)
         d, t, p = mesh
         positions = list(range(1, self.cost.num_units))
         return cost_model.Config(
@@ -214,6 +214,10 @@ class PlanEnv:
     @property
     def calls(self):
         return self.cost.calls
+
+    def is_priced(self, config):
+        """Whether `config` is in the cache: evaluating it again costs no cost-model call."""
+        return config in self._cache
 
     def evaluate(self, config):
         """Cached `Estimate` of a config; only cache misses count as cost-model calls."""
