@@ -13,7 +13,7 @@ import re
 # Per-device figures from vendor data sheets (dense, no sparsity). `flops` is the peak the
 # planner's roofline uses for the preset's default dtype; the comment says which.
 _DEVICES = {
-    # V100 SXM2 32GB: 15.7 TFLOP/s FP32 (FP32 chosen: see tests/test_planner_cost_model.py),
+    # V100 SXM2 32GB: 15.7 TFLOP/s FP32 (FP32 chosen: see tests/planner/test_planner_cost_model.py),
     # 900 GB/s HBM2, NVLink2 6 links x 25 GB/s per direction = 150 GB/s.
     "V100": dict(device_type="GPU", flops=15.7e12, memory=32e9, memory_bandwidth=900e9,
                  intra_bandwidth=150e9, intra_latency=5e-6, op_overhead=5e-6),

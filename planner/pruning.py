@@ -1,6 +1,6 @@
 """Task-specific pruning on top of `strategies.PlanEnv`, for searches that walk episodes. TF-free.
 
-What PlanEnv already prunes (tested in tests/test_planner_search.py): repeated layers share one
+What PlanEnv already prunes (tested in tests/planner/test_planner_search.py): repeated layers share one
 linkage unit (one decision for all layers); a unit whose extents do not divide by the
 tensor-parallel degree, or that would split a tensor twice, is masked; a tensor-parallel mesh
 must split something; cuts are increasing.

@@ -6,7 +6,7 @@ graph as Einsum ops. TF's Einsum kernel transposes its operands into
 transposes the result, all inside the op, so none of those transposes can
 join the kernel of the bias add that produces an operand. Written in the
 graph as Transpose -> BatchMatMulV2 -> Transpose, the fusion pass can put
-each transpose in its neighbour's kernel (tests/test_transpose_fusion.py);
+each transpose in its neighbour's kernel (tests/rewriters/test_transpose_fusion.py);
 the product itself is the same batch matmul on the same operands.
 
 Rewritten: two operands of a floating dtype, no ellipsis, no label twice in

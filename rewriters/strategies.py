@@ -99,5 +99,5 @@ class Explore(Strategy):
         return Formed(groups, {}, refusals.first, str(stats))
 
 
-# In options.STRATEGIES' order (tests/test_strategies.py checks the names agree).
+# In options.STRATEGIES' order (tests/rewriters/test_strategies.py checks the names agree).
 STRATEGIES: Dict[str, Strategy] = {s.name: s for s in (Stitch(), XlaLike(), Explore())}

@@ -7,7 +7,9 @@ import ast
 import pathlib
 from typing import Dict, List, Set, Tuple
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+import repo_paths
+
+ROOT = repo_paths.REPO
 # Import name of each top-level folder (setup.py's PACKAGES).
 PACKAGES = {"tf_fusionstitch": "tf_fusionstitch", "tf_fusionstitch.rewriters": "rewriters",
             "tf_fusionstitch.planner": "planner", "tf_fusionstitch.custom_ops": "custom_ops"}

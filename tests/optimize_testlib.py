@@ -158,7 +158,7 @@ def assert_reduction_close(case, actual, expected, x, axes, kind: str, keepdims:
 def optimize_and_run(fn, *args, min_cluster_ops: int = 1, **options):
     """(optimized, TF result, optimized result) for one call on `args`.
     Kernels are not packed unless `pack=True` is passed: these tests count
-    clusters per op; tests/test_packing.py covers packing."""
+    clusters per op; tests/rewriters/test_packing.py covers packing."""
     if options.get("fusion", "stitch") != "xla_like":
         options.setdefault("pack", False)
     opt = fs.optimize(fn, min_cluster_ops=min_cluster_ops, **options)
@@ -192,7 +192,7 @@ def quiet_call(fn, *args):
 
 
 # Trained weights are compared normwise: |du_fused - du_TF|_2 <= UPDATE_RTOL |du_TF|_2
-# over the steps (tests/test_reference_models.py says why not elementwise).
+# over the steps (tests/models/test_reference_models.py says why not elementwise).
 UPDATE_RTOL = 1e-4
 
 

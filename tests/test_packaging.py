@@ -13,8 +13,9 @@ from unittest import mock
 from absl.testing import absltest
 import pytest
 import setuptools
+import repo_paths
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = str(repo_paths.REPO)
 TOP_LEVEL = ("rewriters", "custom_ops", "planner")
 
 

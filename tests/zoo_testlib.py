@@ -52,7 +52,7 @@ from typing import Dict, List, Sequence
 import numpy as np
 import tensorflow as tf
 
-# Measured on the zoo at tiny sizes (tests/test_zoo.py): a correct plan's
+# Measured on the zoo at tiny sizes (tests/models/test_zoo.py): a correct plan's
 # distance from TF is up to 3.5x the floor; 8x leaves room for that spread,
 # while one fused kernel off by a relative 1e-5 moves some variable of a
 # well-conditioned model 2-100x past it (the perturbation test), and a wrong

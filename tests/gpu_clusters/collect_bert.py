@@ -3,7 +3,7 @@
 The JSON files beside this script are its output: every distinct cluster of
 an inference call and of a train step (forward, backward, Keras Adam) of the
 demo's encoder (tf_fusionstitch/tools/demo.py; 2 layers, hidden 64, 4 heads,
-FFN 256, sequence 32, dynamic batch). tests/test_gpu_clusters.py compiles
+FFN 256, sequence 32, dynamic batch). tests/gpu/test_gpu_clusters.py compiles
 them for CUDA and emulates them without TensorFlow. Regenerate with
 
   python tests/gpu_clusters/collect_bert.py

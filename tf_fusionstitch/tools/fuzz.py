@@ -4,7 +4,7 @@ Generates random graphs of op-table ops (see fuzz_graphs.py for what is drawn
 and how results are judged), optimizes them with min_cluster_ops=1 in batches
 of several graphs per tf.function, compares every output with TensorFlow's on
 fresh random inputs, shrinks every mismatch to a minimal case and writes it to
-tests/fuzz_regressions/ (replayed by tests/test_fuzz.py).
+tests/fuzz_regressions/ (replayed by tests/tools/test_fuzz.py).
 
   python -m tf_fusionstitch.tools.fuzz --graphs=200 --seed=1
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import pathlib
 import re
 import shutil
 import subprocess

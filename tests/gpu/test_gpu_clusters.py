@@ -8,7 +8,6 @@ emulated CUDA schedule must agree with the CPU kernel on random inputs:
 bit for bit without reductions, within the order-of-summation tolerance with.
 """
 
-import pathlib
 
 import numpy as np
 import pytest
@@ -21,8 +20,9 @@ from tf_fusionstitch.kernels import build_cpu_kernel
 from tf_fusionstitch.runtime import nvrtc
 from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
 from tf_fusionstitch.schedule import build_schedule
+import repo_paths
 
-SPECS = sorted((pathlib.Path(__file__).parent / "gpu_clusters").glob("bert_*.json"))
+SPECS = sorted((repo_paths.TESTS / "gpu_clusters").glob("bert_*.json"))
 
 
 def load(path):

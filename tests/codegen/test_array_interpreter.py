@@ -4,7 +4,6 @@ CPU kernels compute, since cuda_check times the CUDA kernels against the same
 interpreter run by JAX. TF-free; the CPU kernels need g++."""
 
 import json
-import pathlib
 
 import numpy as np
 import pytest
@@ -12,9 +11,10 @@ import pytest
 from tf_fusionstitch import array_interpreter, patterns
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.kernels import build_cpu_kernel
+import repo_paths
 
 PATTERNS = patterns.standard_patterns()
-CLUSTER_FILES = sorted((pathlib.Path(__file__).parent / "gpu_clusters").glob("*.json"))
+CLUSTER_FILES = sorted((repo_paths.TESTS / "gpu_clusters").glob("*.json"))
 
 
 @pytest.mark.parametrize("name", sorted(PATTERNS))

@@ -1,13 +1,14 @@
 """benchmarks/median_interval.py: the order-statistic interval the benchmarks
 use to say whether one contender is slower than another."""
 
-import pathlib
 import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "benchmarks"))
+import repo_paths
+
+sys.path.insert(0, str(repo_paths.BENCHMARKS))
 from median_interval import median_interval  # noqa: E402
 
 

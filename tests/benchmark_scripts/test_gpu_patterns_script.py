@@ -8,15 +8,15 @@ TensorFlow (the GPU machines it is meant for have none).
 """
 
 import json
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
 from tf_fusionstitch.runtime import cpu_compiler, nvrtc
+import repo_paths
 
-SCRIPT = pathlib.Path(__file__).parents[1] / "benchmarks" / "gpu_patterns.py"
+SCRIPT = repo_paths.BENCHMARKS / "gpu_patterns.py"
 CASES = ["layernorm", "softmax", "softmax_1024", "bias_gelu_erf", "bias_gelu_tanh",
          "residual_layernorm", "bn_inference_relu"]
 

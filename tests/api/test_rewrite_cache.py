@@ -28,8 +28,9 @@ from optimize_testlib import assert_same, fusion_stitch_nodes, quiet_call, rando
 from tf_fusionstitch import rewrite_cache
 from tf_fusionstitch.report import ClusterReport, Report
 from tf_fusionstitch.runtime import cache, cpu_compiler
+import repo_paths
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = repo_paths.REPO
 
 
 def _layer(x, g):

@@ -7,7 +7,7 @@ memory that keep at least half the SM's warps resident, and exactly the
 shared memory the mapping planned. Tests skip, naming what is missing, where
 CuPy/NVRTC or ptxas are not installed (`pip install -e .[cuda]`; ptxas comes
 with a CUDA toolkit).
-Correctness of the same schedule is tests/test_gpu_emulation.py. TF-free.
+Correctness of the same schedule is tests/gpu/test_gpu_emulation.py. TF-free.
 """
 
 import subprocess

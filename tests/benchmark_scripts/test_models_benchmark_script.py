@@ -6,18 +6,18 @@ its section of the --out file with both rows, and the kernel counts must be orde
 FusionStitch <= xla_like <= TF (the paper's Table 2 column). No timing is asserted.
 """
 
-import pathlib
 import re
 import subprocess
 import sys
 
 from tf_fusionstitch.runtime import cpu_compiler
 import pytest
+import repo_paths
 
 # The script under test imports TensorFlow (in its own process).
 pytestmark = pytest.mark.tf
 
-SCRIPT = pathlib.Path(__file__).parents[1] / "benchmarks" / "models.py"
+SCRIPT = repo_paths.BENCHMARKS / "models.py"
 
 try:  # kernels are compiled C++
     cpu_compiler.compiler_command()

@@ -20,8 +20,6 @@ step off by a relative 1e-5 fails it (PerturbedPlanTest).
 
 import contextlib
 import json
-import pathlib
-import sys
 import warnings
 
 import numpy as np
@@ -33,8 +31,7 @@ from tf_fusionstitch import trace_rewrite
 from tf_fusionstitch.rewriters import remapper_epilogues
 import zoo_testlib as zt
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from benchmarks import zoo  # noqa: E402  (the repository root, not an installed package)
+from benchmarks import zoo  # the repository root (pyproject.toml's pytest pythonpath)
 
 _SEED = 5
 # {reason text: why the fallback is expected}. Empty: no cluster of any zoo

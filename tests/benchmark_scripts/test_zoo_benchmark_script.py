@@ -8,7 +8,6 @@ step time and an interval; the summary gives the geometric means. No timing is
 asserted.
 """
 
-import pathlib
 import re
 import subprocess
 import sys
@@ -19,8 +18,9 @@ import pytest
 pytestmark = pytest.mark.tf
 
 from tf_fusionstitch.runtime import cpu_compiler
+import repo_paths
 
-SCRIPT = pathlib.Path(__file__).parents[1] / "benchmarks" / "zoo.py"
+SCRIPT = repo_paths.BENCHMARKS / "zoo.py"
 
 try:  # kernels are compiled C++
     cpu_compiler.compiler_command()

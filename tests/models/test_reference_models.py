@@ -26,8 +26,6 @@ Tolerances (float32, docs/DESIGN.md, "Numerics"), for these tiny sizes:
 """
 
 import inspect
-import pathlib
-import sys
 
 import numpy as np
 import tensorflow as tf
@@ -37,8 +35,7 @@ import tf_fusionstitch as fs
 from optimize_testlib import (assert_same, assert_train_steps_match, fusion_stitch_nodes,
                               quiet_call)
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from benchmarks import models  # noqa: E402  (the repository root, not an installed package)
+from benchmarks import models  # the repository root (pyproject.toml's pytest pythonpath)
 
 _SEED = 11
 

@@ -2,18 +2,18 @@
 and each plan after the first gets its round-by-round ratio with a 95% interval. No timing
 is asserted. A malformed plan is refused with a message that names it."""
 
-import pathlib
 import re
 import subprocess
 import sys
 
 from tf_fusionstitch.runtime import cpu_compiler
 import pytest
+import repo_paths
 
 # The script under test imports TensorFlow (in its own process).
 pytestmark = pytest.mark.tf
 
-SCRIPT = pathlib.Path(__file__).parents[1] / "benchmarks" / "compare_plans.py"
+SCRIPT = repo_paths.BENCHMARKS / "compare_plans.py"
 
 try:  # kernels are compiled C++
     cpu_compiler.compiler_command()

@@ -9,8 +9,6 @@ test_optimize_functions.test_train_step (rtol 1e-5, atol 1e-6) applies; train
 steps are compared by optimize_testlib.assert_train_steps_match.
 """
 
-import pathlib
-import sys
 import warnings
 
 import keras
@@ -21,8 +19,7 @@ import tf_fusionstitch as fs
 from optimize_testlib import assert_same, assert_train_steps_match, quiet_call, random, rng
 from tf_fusionstitch.rewriters import function_bodies
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from benchmarks.models import common  # noqa: E402  (the repository root)
+from benchmarks.models import common  # the repository root (pyproject.toml's pytest pythonpath)
 
 _TOL = dict(rtol=1e-5, atol=1e-6)
 

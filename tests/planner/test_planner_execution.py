@@ -47,7 +47,7 @@ class PipelineExecutionTest(tf.test.TestCase):
         if _SETUP_ERROR is not None or len(tf.config.list_logical_devices("CPU")) < _DEVICES:
             self.skipTest("TensorFlow's devices were initialised before this module could "
                           f"configure {_DEVICES} logical CPUs ({_SETUP_ERROR}); run this file "
-                          "on its own: pytest tests/test_planner_execution.py")
+                          "on its own: pytest tests/planner/test_planner_execution.py")
 
     def test_pipeline_plan_matches_single_device_step(self):
         sizes = dict(batch=16, sizes=(32, 64, 64, 64, 16))

@@ -10,7 +10,6 @@ nested jit_compile functions count as matmul-class only when asked.
 """
 
 import math
-import pathlib
 import re
 import sys
 
@@ -18,7 +17,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "benchmarks"))
+import repo_paths
+
+sys.path.insert(0, str(repo_paths.BENCHMARKS))
 import op_profile  # noqa: E402
 
 US = 1_000_000   # picoseconds per microsecond

@@ -8,8 +8,6 @@ optimize_testlib.py) on fresh seeded random inputs, and they should need no
 more kernels than the greedy plan.
 """
 
-import pathlib
-import sys
 
 import numpy as np
 import tensorflow as tf
@@ -21,8 +19,7 @@ from optimize_testlib import (EPS, assert_same, assert_train_steps_match, fusion
 from tf_fusionstitch.rewriters.cycles import Reachability, cluster_spans, creates_cycle
 from tf_fusionstitch.rewriters.graph_view import GraphView
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from benchmarks import models  # noqa: E402  (the repository root, not an installed package)
+from benchmarks import models  # the repository root (pyproject.toml's pytest pythonpath)
 
 HIDDEN = 32
 # layernorm-like results: two reductions of HIDDEN terms, an rsqrt and a few

@@ -5,7 +5,6 @@ compiler exist, against NumPy references on fresh random inputs.
 """
 
 import json
-import sys
 
 import numpy as np
 import pytest

@@ -5,7 +5,6 @@ the C++ emulation of the CUDA schedule. TF-free; emulation needs g++."""
 
 import json
 import math
-import pathlib
 import sys
 
 import gpu_edge_clusters as edge
@@ -18,6 +17,7 @@ from tf_fusionstitch.gpu import occupancy as gpu_occupancy
 from tf_fusionstitch.gpu.choice import plan_gpu
 from tf_fusionstitch.runtime import nvrtc
 from tf_fusionstitch.schedule import build_schedule
+import repo_paths
 
 N = None
 GPUS = ("V100", "A100", "H100")
@@ -32,7 +32,7 @@ def check_softmax(cluster, plan, x, reverse_threads=False):
 def _measured_cases():
     """(case, {mapping: measured ms}) of benchmarks/gpu_patterns.py's cases
     from the H200 sweep checked in under tests/gpu_measurements."""
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = repo_paths.REPO
     sys.path.insert(0, str(root / "benchmarks"))
     try:
         import gpu_patterns
@@ -240,10 +240,9 @@ def test_the_device_comparison_script_builds_every_kernel_it_would_time():
     """benchmarks/gpu_choice.py times thresholds' vs chosen plans on a GPU;
     here it only builds their cubins. Every case is one the evaluator
     changes, so the device run has something to confirm."""
-    import pathlib
     import subprocess
     import sys
-    script = pathlib.Path(__file__).parents[1] / "benchmarks" / "gpu_choice.py"
+    script = repo_paths.BENCHMARKS / "gpu_choice.py"
     res = subprocess.run([sys.executable, str(script), "--compile_only", "--gpu=H200"],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
