@@ -7,8 +7,9 @@ plans for a TensorFlow training step over a cost model, and write the plan into 
     print(plan)                       # mesh, split variables, stages, predicted step time
     placed = plan.apply(graph_def)    # NodeDef.device strings per stage
 
-Only `graph_import`, `reference_models` and the DQN's networks import TensorFlow (lazily, from
-`search` and `method="dqn"`); the IR, cost model, strategies and other searches are TF-free.
+Only `graph_import`, the model builders (`reference_models`, `more_models`, `model_blocks`) and
+the DQN's networks import TensorFlow (lazily, from `search` and `method="dqn"`); the IR, cost
+model, strategies and searches are TF-free (tests/test_imports.py checks it).
 """
 
 from tf_fusionstitch.planner.cluster import PRESETS, ClusterSpec, get_cluster

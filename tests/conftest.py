@@ -1,4 +1,6 @@
-"""Session-wide test setup shared by every test file.
+"""Session-wide test setup shared by every test file: the markers each test
+gets (core, tf, slow; gpu turned into a skip where no GPU is) and one kernel
+cache for the session.
 
 One private kernel cache for the whole pytest session, set before anything
 compiles: tests that optimize the same cluster share the compiled kernel (and
