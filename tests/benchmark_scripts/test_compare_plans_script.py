@@ -6,19 +6,12 @@ import re
 import subprocess
 import sys
 
-from tf_fusionstitch.runtime import cpu_compiler
 import pytest
-import repo_paths
+import script_testlib
 
-# The script under test imports TensorFlow (in its own process).
-pytestmark = pytest.mark.tf
+pytestmark = pytest.mark.tf   # the script imports TensorFlow (in its own process)
 
-SCRIPT = repo_paths.BENCHMARKS / "compare_plans.py"
-
-try:  # kernels are compiled C++
-    cpu_compiler.compiler_command()
-except cpu_compiler.CompilerNotFound as exc:
-    pytest.skip(f"no C++ compiler: {exc}", allow_module_level=True)
+SCRIPT = script_testlib.benchmark_script("compare_plans.py")
 
 
 def _run(*flags):

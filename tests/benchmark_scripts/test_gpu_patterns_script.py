@@ -13,20 +13,16 @@ import sys
 
 import pytest
 
-from tf_fusionstitch.runtime import cpu_compiler, nvrtc
-import repo_paths
+from tf_fusionstitch.runtime import nvrtc
+import script_testlib
 
-SCRIPT = repo_paths.BENCHMARKS / "gpu_patterns.py"
+SCRIPT = script_testlib.benchmark_script("gpu_patterns.py")
 CASES = ["layernorm", "softmax", "softmax_1024", "bias_gelu_erf", "bias_gelu_tanh",
          "residual_layernorm", "bn_inference_relu"]
 
 if nvrtc.nvrtc_version() is None:
     pytest.skip("NVRTC cannot be loaded (pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12)",
                 allow_module_level=True)
-try:  # host shape functions and emulations are C++ compiled for the CPU
-    cpu_compiler.compiler_command()
-except cpu_compiler.CompilerNotFound as exc:
-    pytest.skip(f"no C++ compiler: {exc}", allow_module_level=True)
 
 
 def test_compile_only_lists_every_pattern_ok_without_tensorflow(tmp_path):

@@ -7,33 +7,19 @@ FusionStitch <= xla_like <= TF (the paper's Table 2 column). No timing is assert
 """
 
 import re
-import subprocess
-import sys
 
-from tf_fusionstitch.runtime import cpu_compiler
 import pytest
-import repo_paths
+import script_testlib
 
-# The script under test imports TensorFlow (in its own process).
-pytestmark = pytest.mark.tf
+pytestmark = pytest.mark.tf   # the script imports TensorFlow (in its own process)
 
-SCRIPT = repo_paths.BENCHMARKS / "models.py"
-
-try:  # kernels are compiled C++
-    cpu_compiler.compiler_command()
-except cpu_compiler.CompilerNotFound as exc:
-    pytest.skip(f"no C++ compiler: {exc}", allow_module_level=True)
+SCRIPT = script_testlib.benchmark_script("models.py")
 
 
 def test_tiny_bert_rows_have_ordered_kernel_counts(tmp_path):
-    out = tmp_path / "RESULTS.md"
-    out.write_text("# Benchmark results\n\nkept\n")
-    res = subprocess.run([sys.executable, str(SCRIPT), "--size=tiny", "--models=bert",
-                          "--batch=2", "--repeats=6", "--warmup=0", f"--out={out}"],
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    text = out.read_text()
-    assert text.startswith("# Benchmark results\n\nkept\n"), text  # other sections kept
+    text = script_testlib.run_into_results(
+        SCRIPT, tmp_path, "--size=tiny", "--models=bert", "--batch=2", "--repeats=6",
+        "--warmup=0", timeout=300)
     section = text[text.index("<!-- models:begin -->"):text.index("<!-- models:end -->")]
     assert "load average" in section and "cores" in section and "TF 2." in section
     rows = {}

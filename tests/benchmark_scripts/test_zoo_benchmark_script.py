@@ -9,35 +9,20 @@ asserted.
 """
 
 import re
-import subprocess
-import sys
 
 import pytest
+import script_testlib
 
-# The script under test imports TensorFlow (in its own process).
-pytestmark = pytest.mark.tf
+pytestmark = pytest.mark.tf   # the script imports TensorFlow (in its own process)
 
-from tf_fusionstitch.runtime import cpu_compiler
-import repo_paths
-
-SCRIPT = repo_paths.BENCHMARKS / "zoo.py"
-
-try:  # kernels are compiled C++
-    cpu_compiler.compiler_command()
-except cpu_compiler.CompilerNotFound as exc:
-    pytest.skip(f"no C++ compiler: {exc}", allow_module_level=True)
+SCRIPT = script_testlib.benchmark_script("zoo.py")
 
 
 def test_tiny_rows_have_kernels_first_calls_and_intervals(tmp_path):
-    out = tmp_path / "RESULTS.md"
-    out.write_text("# Benchmark results\n\nkept\n")
-    res = subprocess.run([sys.executable, str(SCRIPT), "--size=tiny", "--models=mobilenet,llama",
-                          "--functions=inference,train_step", "--train_models=llama",
-                          "--rounds=6", "--warmup=0", f"--out={out}"],
-                         capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stdout + res.stderr
-    text = out.read_text()
-    assert text.startswith("# Benchmark results\n\nkept\n"), text
+    text = script_testlib.run_into_results(
+        SCRIPT, tmp_path, "--size=tiny", "--models=mobilenet,llama",
+        "--functions=inference,train_step", "--train_models=llama", "--rounds=6", "--warmup=0",
+        timeout=900)
     section = text[text.index("<!-- zoo:begin -->"):text.index("<!-- zoo:end -->")]
     rows = {}
     for line in section.splitlines():
