@@ -1,4 +1,5 @@
-"""The delta evaluator's costs (explore.py) for the machine the rewrite runs on.
+"""The delta evaluator's costs (cpu_cost_model.py, which names them and
+holds the builtin ones) measured on the machine the rewrite runs on.
 
 A short calibration run (about two seconds) measures, with TensorFlow's own CPU
 kernels in the process's thread configuration, each time a median less the
@@ -31,7 +32,6 @@ builtin costs is still a correct plan.
 from __future__ import annotations
 
 import json
-import math
 import os
 import pathlib
 import statistics
@@ -43,36 +43,8 @@ import numpy as np
 import tensorflow as tf
 
 from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch.rewriters.cpu_cost_model import BUILTIN, CalibrationError, validate
 from tf_fusionstitch.runtime import cache
-
-# Extent assumed for a dimension unknown at trace time (the batch): only
-# scales all terms alike, so the ranking of patterns hardly depends on it.
-# A modelling choice, not a machine cost: never calibrated.
-DYNAMIC_EXTENT = 32
-
-# Costs used without calibration (costs="builtin", or when calibrating fails).
-BUILTIN = {
-    # Bytes/s. Measured once on this project's 2-core CPU machine: a fused
-    # x * 2 + 1 over 4M float32 (16 MB read + 16 MB written) took 1.16 ms.
-    "bandwidth": 29e9,
-    # Seconds per memory-intensive kernel launch: one more TF Tanh op inside a
-    # tf.function cost 0.8-2.6 us on that machine.
-    "launch": 2e-6,
-    # Cache re-reads (a loop after the first reads the row's inputs again) are
-    # priced at bandwidth x this factor: two cores' caches against DRAM,
-    # 5.9-12.7x as calibrated on this project's 2-core Intel Xeon machine.
-    "cache_speedup": 8.0,
-    # Per-row bytes that stay in cache between a row's loops: half of a 1 MiB
-    # per-core L2.
-    "row_cache_bytes": 512 * 1024,
-    # Buffered (per-row) values live at once before they compete for cache;
-    # each beyond this spills its row once. An assumption (the paper fixes 16
-    # registers in its penalty), never calibrated.
-    "max_live_buffers": 4,
-    # Seconds per element of compute-bound primitives; empty: every op is
-    # priced by its memory traffic alone.
-    "compute": {},
-}
 
 CALIBRATION_VERSION = "2"
 _SUFFIX = ".cpu-costs.json"
@@ -95,10 +67,6 @@ MAX_CACHE_SPEEDUP = 64.0
 # An op counts as compute-bound when it takes this much longer than a cheap
 # op over the same bytes (below it, timing noise on a shared machine).
 _COMPUTE_BOUND_MARGIN = 1.15
-
-
-class CalibrationError(RuntimeError):
-    """A measurement came out outside what any machine could do."""
 
 
 def for_this_machine() -> Tuple[Dict, str]:
@@ -162,22 +130,6 @@ def machine() -> str:
     threads = (tf.config.threading.get_intra_op_parallelism_threads(),
                tf.config.threading.get_inter_op_parallelism_threads())
     return f"{model}; {cores} cores; TF {tf.__version__}; threads {threads}"
-
-
-def validate(costs: Dict) -> Dict:
-    """The costs, checked: every entry of BUILTIN present, finite and positive."""
-    for name in BUILTIN:
-        if name not in costs:
-            raise CalibrationError(f"costs lack {name!r}")
-    for name in ("bandwidth", "launch", "cache_speedup", "row_cache_bytes", "max_live_buffers"):
-        value = costs[name]
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise CalibrationError(f"cost {name}={value!r} is not a positive number")
-    for prim, value in costs["compute"].items():
-        if prim not in ir.EXPENSIVE or not isinstance(value, (int, float)) \
-                or not math.isfinite(value) or value < 0:
-            raise CalibrationError(f"compute cost {prim}={value!r} is not valid")
-    return costs
 
 
 def calibrate() -> Dict:

@@ -52,19 +52,10 @@ Five steps over the fusible nodes (clustering.fusible_nodes):
    bounded number of bytes, inputs and ops). Its traffic is its members', so the evaluator
    gains one launch per kernel that joins a pack.
 
-Delta evaluator f(P) = T_unfused - T_fused - T_penalty, in seconds, with the
-costs of cpu_costs.py (measured on this machine, or its builtin ones):
-- T_unfused: each memory-intensive op of P run alone by TF: a launch, plus
-  the larger of its memory time (the bytes it reads and writes, at the
-  costs' bandwidth) and its compute time (elements x seconds per element of
-  the primitives that are compute-bound here);
-- T_fused: one launch, plus the larger of the fused kernel's memory time (its
-  inputs and outputs) and the compute of all its primitives. Extents unknown
-  at trace time count as cpu_costs.DYNAMIC_EXTENT. With no compute costs this
-  is the paper's memory traffic saved plus launches saved;
-- penalty (the paper's "simplified latency evaluator"): per-row buffered
-  values beyond what stays in cache spill to DRAM and back; each column loop
-  after the first re-reads the row's inputs from cache.
+Patterns are scored by FusionStitching's delta evaluator f(P) = T_unfused -
+T_fused - T_penalty, in seconds (cpu_cost_model.CpuEvaluator, the package's
+kernel_cost interface), with the costs of cpu_costs.py (measured on this
+machine) or cpu_cost_model.BUILTIN.
 """
 
 from __future__ import annotations
@@ -76,7 +67,8 @@ import time
 from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.rewriters import cpu_costs, legality, op_table, packing, recurrences
+from tf_fusionstitch.rewriters import cpu_cost_model, legality, packing, recurrences
+from tf_fusionstitch.rewriters.cpu_cost_model import CpuEvaluator, LoweredPattern
 from tf_fusionstitch.rewriters.cycles import Reachability
 from tf_fusionstitch.rewriters.legality import LOWERING_ERRORS, cpu_schedule
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
@@ -126,89 +118,23 @@ class _Explorer:
         self.refusals = refusals   # hears why a producer-consumer pair was refused
         # node -> its loop recurrence (recurrences.py); none outside loops
         self.recurrence = recurrence or {}
-        self.k, self.beam, self.costs = k, beam, costs
+        self.k, self.beam = k, beam
         self.stats = ExploreStats(k, beam)
         self._cache: Dict[Pattern, Optional[float]] = {}
         # pattern_key -> (score, _space entry, compute, decision), None score if illegal
         self._by_structure: Dict[tuple, tuple] = {}
         self._space: Dict[Pattern, Optional[tuple]] = {}  # see _space_key
-        self._alone: Dict[str, float] = {}            # see _seconds_alone
-        self._compute_alone: Dict[str, float] = {}    # an op's compute, from its own lowering
-        self._launches = {n: int(op_table.is_memory_intensive(view.nodes[n].op))
-                          for n in candidates}
+        self.evaluator = CpuEvaluator(view, candidates, costs, self._lowered_alone)
         self._reach = Reachability(view)   # a pattern's own cycle check
         self._unit_bits: Dict[str, Tuple[int, int]] = {}  # plan unit -> cluster_bits
         self._serial = iter(range(1 << 62))                # plan units' names
 
-    # -- delta evaluator -------------------------------------------------------
-
-    def _bytes(self, t: Tensor) -> int:
-        return self.view.tensor_bytes(t, cpu_costs.DYNAMIC_EXTENT)
-
-    def _compute(self, cluster: ir.Cluster) -> float:
-        """Seconds of arithmetic of the cluster's compute-bound primitives."""
-        per_element = self.costs["compute"]
-        return sum(per_element[op.prim] * math.prod(
-            cpu_costs.DYNAMIC_EXTENT if d is None else d for d in op.type.shape)
-            for op in cluster.ops if op.prim in per_element)
-
-    def _seconds_alone(self, name: str) -> float:
-        """What one op costs run by TF alone: a launch plus the larger of its
-        memory time (inputs and outputs) and its compute; 0 for ops that
-        launch nothing (shape-only ops alias their input)."""
-        if not self._launches.get(name):
-            return 0.0
-        if name not in self._alone:
-            view = self.view
-            traffic = sum(self._bytes(t) for t in view.data_inputs[name]) + \
-                sum(self._bytes((name, p)) for p in range(view.num_outputs[name]))
-            compute = self._compute_alone.get(name, 0.0)
-            if self.costs["compute"] and name not in self._compute_alone:
-                try:  # an op whose pattern alone was not scored yet
-                    compute = self._compute(lower_nodes(view, [name], self.fetches,
-                                                        validate=False).cluster)
-                except LOWERING_ERRORS:
-                    pass
-            self._alone[name] = self.costs["launch"] + max(
-                traffic / self.costs["bandwidth"], compute)
-        return self._alone[name]
-
-    def _score(self, lowered, schedule, nodes: Pattern) -> float:
-        costs = self.costs
-        compute = self._compute(lowered.cluster)
-        if len(nodes) == 1:  # before _seconds_alone would lower it again
-            self._compute_alone[next(iter(nodes))] = compute
-        # fsum: the same total in any order (a set's order follows string hashes)
-        unfused = math.fsum(self._seconds_alone(n) for n in nodes)
-        traffic = sum(self._bytes(t) for t in lowered.input_tensors) + \
-            sum(self._bytes(t) for t in lowered.output_tensors)
-        launches = min(sum(self._launches.get(n, 0) for n in nodes), 1)
-        fused = launches * costs["launch"] + max(traffic / costs["bandwidth"], compute)
-        return unfused - fused - self._penalty(lowered, schedule)
-
-    def _penalty(self, lowered, schedule) -> float:
-        costs = self.costs
-        types = lowered.cluster.types()
-        ext = [cpu_costs.DYNAMIC_EXTENT if e is None else e for e in schedule.static_extent]
-        col = math.prod(ext[a] for a in schedule.col_axes) if schedule.col_axes else 1
-        rows = math.prod(ext[a] for a in range(schedule.num_axes)
-                         if a not in schedule.col_axes)
-        bw = costs["bandwidth"]
-        row_buffers = [col * ir.DTYPE_BYTES.get(types[v].dtype, 4) for v in schedule.buffered]
-        spill = 0
-        if sum(row_buffers) > costs["row_cache_bytes"]:
-            spill += sum(row_buffers) - costs["row_cache_bytes"]
-        extra = len(row_buffers) - costs["max_live_buffers"]
-        if extra > 0:
-            spill += sum(sorted(row_buffers)[:extra])
-        penalty = 2 * spill * rows / bw  # written out and read back
-        if schedule.num_loops > 1 and not schedule.tiled:
-            row_inputs = sum(col * ir.DTYPE_BYTES.get(t.dtype, 4)
-                             for name, t in lowered.cluster.inputs
-                             if schedule.axes_of(name) & schedule.col_axes)
-            penalty += (schedule.num_loops - 1) * row_inputs * rows / (
-                bw * costs["cache_speedup"])
-        return penalty
+    def _lowered_alone(self, name: str) -> Optional[ir.Cluster]:
+        """The node's cluster lowered by itself (for the evaluator), or None."""
+        try:
+            return lower_nodes(self.view, [name], self.fetches, validate=False).cluster
+        except LOWERING_ERRORS:
+            return None
 
     # -- legality --------------------------------------------------------------
 
@@ -249,8 +175,10 @@ class _Explorer:
                 schedule = cpu_schedule(lowered.cluster)
                 space = None if None in schedule.static_extent else (
                     schedule.tiled, tuple(sorted(schedule.static_extent)))
-                known = (self._score(lowered, schedule, nodes), space,
-                         self._compute(lowered.cluster), legality.OK)
+                delta = self.evaluator.delta(LoweredPattern(
+                    nodes, lowered.cluster, lowered.input_tensors, lowered.output_tensors,
+                    schedule))
+                known = (delta.saved_s, space, delta.fused.compute_s, legality.OK)
             except LOWERING_ERRORS as e:
                 known = (None, None, None, legality.refuse(str(e)))
             self._by_structure[key] = known
@@ -258,7 +186,7 @@ class _Explorer:
         if score is not None:
             self._space[nodes] = space
             if len(nodes) == 1:  # the op alone: its compute, lowered once per structure
-                self._compute_alone[next(iter(nodes))] = compute
+                self.evaluator.note_compute_alone(next(iter(nodes)), compute)
         return score, decision
 
     # -- 1. PatternReduction ----------------------------------------------------
@@ -442,7 +370,7 @@ class _Explorer:
         for unit in kernels:
             p = frozenset(members[unit])
             key = self._space_key(p)
-            if key is None or not any(self._launches.get(n) for n in p):
+            if key is None or not any(self.evaluator.launches.get(n) for n in p):
                 continue
             for i, pack_unit in enumerate(open_packs.get(key, [])):
                 if not window[pack_unit].admits(window[unit]):
@@ -488,12 +416,12 @@ def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
                   ) -> Tuple[List[List[str]], ExploreStats]:
     """The explored plan: clusters (every candidate in exactly one, in
     topological order) and what the exploration did. `costs`: the delta
-    evaluator's (cpu_costs.py), cpu_costs.BUILTIN if None. `pack`: step 5,
+    evaluator's (cpu_cost_model.py), cpu_cost_model.BUILTIN if None. `pack`: step 5,
     packing.py's packs; `loop_vars`: a loop body's variables, (argument
     node, value returned for it) in order, () outside loops; `refusals`
     hears why a producer-consumer pair could not be one kernel."""
     start = time.perf_counter()
-    costs = cpu_costs.validate(dict(costs or cpu_costs.BUILTIN))
+    costs = cpu_cost_model.validate(dict(costs or cpu_cost_model.BUILTIN))
     recurrence = recurrences.recurrence_ids(view, loop_vars, candidates)
     explorer = _Explorer(view, candidates, fetches, k, beam, costs, recurrence, refusals)
     explorer.stats.costs = costs_source

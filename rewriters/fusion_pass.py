@@ -198,7 +198,7 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
     exception that stopped that cluster (one_at_a_time makes one from a
     function that builds a single cluster or raises). `options`: the
     strategy (options.fusion) and its settings; `costs`: fusion="explore"'s
-    delta evaluator's costs (cpu_costs.py; BUILTIN if None) and
+    delta evaluator's costs (cpu_cost_model.py; BUILTIN if None) and
     `costs_source` where they came from, for the report; `input_equalities`:
     equal input sizes the pass may assume in the graph's own nodes
     (decided_shapes.py), and where it reports those it relied on."""

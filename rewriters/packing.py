@@ -58,17 +58,17 @@ import dataclasses
 from typing import Dict, List, Optional, Set
 
 from tf_fusionstitch.rewriters import op_table
-from tf_fusionstitch.rewriters.cpu_costs import BUILTIN, DYNAMIC_EXTENT
+from tf_fusionstitch.rewriters.cpu_cost_model import BUILTIN, DYNAMIC_EXTENT
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.rewriters.pack_limits import KernelSize, kernel_size
 
 # Inputs plus outputs of one pack, bytes, at most (dimensions unknown at
-# trace time counted as cpu_costs.DYNAMIC_EXTENT).
+# trace time counted as cpu_cost_model.DYNAMIC_EXTENT).
 PACK_MAX_BYTES = 64 << 20
 # Open packs a unit tries, the most recently grown first.
 PACK_CANDIDATES = 8
 # Bytes that kernels which could wait may move in a pack with one on a
-# longest path: half of a core's L2 (cpu_costs.BUILTIN's row_cache_bytes),
+# longest path: half of a core's L2 (cpu_cost_model.BUILTIN's row_cache_bytes),
 # a wait of microseconds (18 us at BUILTIN's bandwidth, nine launches'
 # worth). The packs that made CRNN's step slower held 2-25 MB of weight
 # updates; DIEN's Adam updates of biases and small weights, 0.3-0.5 MB.

@@ -33,7 +33,7 @@ class Context:
     fetches: Set[Tensor]
     options: FusionOptions
     loop_vars: tuple = ()        # a loop body's (argument node, returned value) pairs
-    costs: Optional[Dict] = None   # the delta evaluator's (cpu_costs.py); BUILTIN if None
+    costs: Optional[Dict] = None   # the delta evaluator's (cpu_cost_model.py); BUILTIN if None
     costs_source: str = "builtin"
 
 

@@ -16,8 +16,8 @@ TF_FACING = {
     "tf_fusionstitch.planner.more_models", "tf_fusionstitch.planner.model_blocks",
 }
 # The rewriters work on GraphDefs and TF's shape functions: TF-facing, except these.
-TF_FREE_REWRITERS = {"cycles", "graph_view", "kernel_count", "op_table", "pattern_key",
-                     "recurrences", "trampoline"}
+TF_FREE_REWRITERS = {"cpu_cost_model", "cycles", "graph_view", "kernel_count", "op_table",
+                     "pattern_key", "recurrences", "trampoline"}
 # The core the issue names: always TF-free, whatever the lists above say.
 CORE = ("tf_fusionstitch.fusion_ir", "tf_fusionstitch.schedule", "tf_fusionstitch.codegen",
         "tf_fusionstitch.runtime", "tf_fusionstitch.gpu", "tf_fusionstitch.options",

@@ -21,8 +21,8 @@ import tensorflow as tf
 from tf_fusionstitch import graph_check, kernels, rewrite_cache, trace_names
 from tf_fusionstitch.options import FusionOptions
 from tf_fusionstitch.report import Report
-from tf_fusionstitch.rewriters import (cpu_costs, decided_shapes, function_bodies, grappler,
-                                       shapes)
+from tf_fusionstitch.rewriters import (cpu_cost_model, cpu_costs, decided_shapes,
+                                       function_bodies, grappler, shapes)
 from tf_fusionstitch.rewriters.fusion_pass import run_fusion_pass
 from tf_fusionstitch.rewriters.graph_view import parse_input, tensor_name
 from tf_fusionstitch.runtime import cache, cpu_compiler
@@ -72,7 +72,7 @@ def rewrite(concrete, inputs: InputSizes, options: FusionOptions, name: str):
     costs, costs_source = None, options.costs
     if options.fusion == "explore":
         costs, costs_source = (cpu_costs.for_this_machine() if costs_source == "calibrated"
-                               else (dict(cpu_costs.BUILTIN), costs_source))
+                               else (dict(cpu_cost_model.BUILTIN), costs_source))
     key, names = None, None
     if options.rewrite_cache:
         names = trace_names.TraceNames(graph_def)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch import patterns
+from tf_fusionstitch import kernel_cost, patterns
 from tf_fusionstitch.codegen import gpu_printer
 from tf_fusionstitch.gpu import build as gpu_build, choice as gpu_choice, cost as gpu_cost
 from tf_fusionstitch.gpu.choice import plan_gpu
@@ -114,6 +114,23 @@ def test_estimate_of_a_softmax_on_h100_by_hand():
     v = gpu_cost.estimate(plan, "V100", rows, registers=32)
     assert v.waves == math.ceil(3168 / 640)
     assert v.memory_s == pytest.approx(moved / (900e9 * gpu_cost.DRAM_EFFICIENCY))
+
+
+def test_the_latency_model_is_the_estimate_through_the_kernel_cost_interface():
+    """LatencyModel binds estimate to a GPU and problem size: a
+    kernel_cost.KernelCostModel whose estimates are estimate's, and
+    KernelEstimates; it is what choice.score_all ranks by."""
+    plan = _softmax_128()
+    model = gpu_cost.LatencyModel("H100", 25344)
+    assert isinstance(model, kernel_cost.KernelCostModel)
+    e = model.estimate(plan, registers=32)
+    assert isinstance(e, kernel_cost.KernelEstimate)
+    assert e == gpu_cost.estimate(plan, "H100", 25344, registers=32)
+    assert gpu_cost.LatencyModel("A100", 100, 1000).estimate(plan) == \
+        gpu_cost.estimate(plan, "A100", 100, 1000)
+    scored = gpu_choice.score_all(plan.schedule, "H100", 25344)
+    assert [c.estimate for c in scored] == [
+        gpu_cost.estimate(c.plan, "H100", 25344, 128) for c in scored]
 
 
 def test_few_long_rows_are_bound_by_latency_and_by_bytes_in_flight():

@@ -1,5 +1,5 @@
 """The CPU cost calibration (rewriters/cpu_costs.py) and how fusion="explore"'s
-delta evaluator (rewriters/explore.py) prices plans with it."""
+delta evaluator (rewriters/cpu_cost_model.py) prices plans with it."""
 
 import os
 import tempfile
@@ -11,8 +11,11 @@ import tensorflow as tf
 import tf_fusionstitch as fs
 from optimize_testlib import quiet_call, random, rng, traced_types
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.rewriters import cpu_costs, explore
+from tf_fusionstitch import kernel_cost
+from tf_fusionstitch.rewriters import cpu_cost_model, cpu_costs, explore
 from tf_fusionstitch.rewriters.graph_view import GraphView
+from tf_fusionstitch.rewriters.legality import cpu_schedule
+from tf_fusionstitch.rewriters.lowering import lower_nodes
 from tf_fusionstitch.runtime import cache
 from tf_fusionstitch.tools import calibrate as calibrate_tool
 
@@ -52,7 +55,7 @@ class CalibrationTest(tf.test.TestCase):
 
         def fake_calibrate():
             calls.append(1)
-            return dict(cpu_costs.BUILTIN, launch=3e-6 + len(calls) * 1e-6)
+            return dict(cpu_cost_model.BUILTIN, launch=3e-6 + len(calls) * 1e-6)
 
         real, cpu_costs.calibrate = cpu_costs.calibrate, fake_calibrate
         try:
@@ -76,7 +79,7 @@ class CalibrationTest(tf.test.TestCase):
 
     def test_a_failed_calibration_warns_and_prices_with_the_builtin_costs(self):
         def broken():
-            raise cpu_costs.CalibrationError("measured bandwidth=-1")
+            raise cpu_cost_model.CalibrationError("measured bandwidth=-1")
 
         calls = []
 
@@ -92,7 +95,7 @@ class CalibrationTest(tf.test.TestCase):
                 again = cpu_costs.for_this_machine()
         finally:
             cpu_costs.calibrate, cpu_costs._failure = real, None
-        self.assertEqual(costs, cpu_costs.BUILTIN)
+        self.assertEqual(costs, cpu_cost_model.BUILTIN)
         self.assertEqual(source, "builtin, calibration failed")
         self.assertIn("bandwidth=-1", str(caught[0].message))
         self.assertEqual(again, (costs, source))
@@ -106,8 +109,8 @@ class CalibrationTest(tf.test.TestCase):
         def busy_once():
             calls.append(1)
             if len(calls) == 1:
-                raise cpu_costs.CalibrationError("measured launch=-5.25e-07")
-            return dict(cpu_costs.BUILTIN, launch=4e-6)
+                raise cpu_cost_model.CalibrationError("measured launch=-5.25e-07")
+            return dict(cpu_cost_model.BUILTIN, launch=4e-6)
 
         real, cpu_costs.calibrate = cpu_costs.calibrate, busy_once
         try:
@@ -133,17 +136,17 @@ class CalibrationTest(tf.test.TestCase):
         self.assertBetween(costs["bandwidth"], 1e8, 1e13)
 
     def test_bad_costs_are_refused_with_the_name(self):
-        with self.assertRaisesRegex(cpu_costs.CalibrationError, "bandwidth"):
-            cpu_costs.validate(dict(cpu_costs.BUILTIN, bandwidth=float("nan")))
-        with self.assertRaisesRegex(cpu_costs.CalibrationError, "relu"):
-            cpu_costs.validate(dict(cpu_costs.BUILTIN, compute={"relu": 1e-9}))
-        with self.assertRaisesRegex(cpu_costs.CalibrationError, "launch"):
-            cpu_costs.validate({k: v for k, v in cpu_costs.BUILTIN.items() if k != "launch"})
+        with self.assertRaisesRegex(cpu_cost_model.CalibrationError, "bandwidth"):
+            cpu_cost_model.validate(dict(cpu_cost_model.BUILTIN, bandwidth=float("nan")))
+        with self.assertRaisesRegex(cpu_cost_model.CalibrationError, "relu"):
+            cpu_cost_model.validate(dict(cpu_cost_model.BUILTIN, compute={"relu": 1e-9}))
+        with self.assertRaisesRegex(cpu_cost_model.CalibrationError, "launch"):
+            cpu_cost_model.validate({k: v for k, v in cpu_cost_model.BUILTIN.items() if k != "launch"})
 
     def test_the_tool_prints_each_cost_against_the_builtin_one(self):
         record = {"machine": "test CPU", "seconds": 1.0,
-                  "costs": dict(cpu_costs.BUILTIN, launch=5e-7, compute={"pow": 6e-9})}
-        text = calibrate_tool.format_record(record, cpu_costs.BUILTIN)
+                  "costs": dict(cpu_cost_model.BUILTIN, launch=5e-7, compute={"pow": 6e-9})}
+        text = calibrate_tool.format_record(record, cpu_cost_model.BUILTIN)
         self.assertIn("test CPU", text)
         self.assertRegex(text, r"launch \(us\)\s+0\.5\s+2")
         self.assertRegex(text, r"pow\s+6")
@@ -156,7 +159,10 @@ class EvaluatorTest(tf.test.TestCase):
     N = 256 * 256
     BANDWIDTH, LAUNCH = 1e9, 1e-6
 
-    def _score(self, compute):
+    FETCHES = {("Identity", 0)}
+
+    def _graph(self, compute):
+        """(view, the Tanh and Exp nodes, costs) of exp(tanh(x))."""
         @tf.function(input_signature=[tf.TensorSpec([256, 256])])
         def f(x):
             return tf.exp(tf.tanh(x))
@@ -165,10 +171,41 @@ class EvaluatorTest(tf.test.TestCase):
         graph_def = graph.as_graph_def()
         view = GraphView(graph_def, traced_types(graph_def, graph))
         names = [n.name for n in graph_def.node if n.op in ("Tanh", "Exp")]
-        costs = dict(cpu_costs.BUILTIN, bandwidth=self.BANDWIDTH, launch=self.LAUNCH,
+        costs = dict(cpu_cost_model.BUILTIN, bandwidth=self.BANDWIDTH, launch=self.LAUNCH,
                      compute=compute)
-        explorer = explore._Explorer(view, set(names), {("Identity", 0)}, 3, 3, costs)
+        return view, names, costs
+
+    def _score(self, compute):
+        view, names, costs = self._graph(compute)
+        explorer = explore._Explorer(view, set(names), self.FETCHES, 3, 3, costs)
         return explorer.evaluate(frozenset(names))
+
+    def test_the_evaluator_prices_through_the_kernel_cost_interface(self):
+        """CpuEvaluator is a kernel_cost.KernelCostModel: the fused kernel
+        reads x and writes its result once, launches once and, one loop
+        with no buffers, pays no penalty; its delta against the two ops
+        alone is the score explore gives the pattern."""
+        tensor = 4 * self.N / self.BANDWIDTH
+        per_element = 3 * tensor / self.N
+        view, names, costs = self._graph({"tanh": per_element})
+        lowered = lower_nodes(view, sorted(names, key=view.position.get), self.FETCHES,
+                              validate=False)
+        kernel = cpu_cost_model.LoweredPattern(
+            frozenset(names), lowered.cluster, lowered.input_tensors, lowered.output_tensors,
+            cpu_schedule(lowered.cluster))
+        evaluator = cpu_cost_model.CpuEvaluator(
+            view, set(names), costs, lambda name: lower_nodes(view, [name], self.FETCHES,
+                                                              validate=False).cluster)
+        self.assertIsInstance(evaluator, kernel_cost.KernelCostModel)
+        fused = evaluator.estimate(kernel)
+        self.assertIsInstance(fused, kernel_cost.KernelEstimate)
+        self.assertAllClose((fused.launch_s, fused.memory_s, fused.compute_s, fused.penalty_s),
+                            (self.LAUNCH, 2 * tensor, 3 * tensor, 0.0))
+        self.assertAllClose(fused.latency_s, self.LAUNCH + 3 * tensor)
+        delta = evaluator.delta(kernel)
+        # alone: tanh, launch + 3 tensors of arithmetic; exp, launch + 2 of traffic
+        self.assertAllClose(delta.unfused_s, 2 * self.LAUNCH + 5 * tensor)
+        self.assertEqual(delta.saved_s, self._score({"tanh": per_element}))
 
     def test_fusing_two_memory_bound_ops_saves_a_tensor_round_trip_and_a_launch(self):
         tensor = 4 * self.N / self.BANDWIDTH

@@ -6,7 +6,7 @@ per block), a block per row (128-1024 threads) and, for rows with
 reductions, a row split over 2-64 blocks (AStitch); and, per expensive value
 that a later loop needs, keeping it in shared memory or recomputing it (the
 paper tries expensive elementwise ops both ways). `choose_plan` keeps the
-candidate with the lowest predicted latency (cost.estimate) and the
+candidate with the lowest predicted latency (cost.LatencyModel) and the
 column-count thresholds' plan unless a candidate beats it by more than
 `TIE`: the model ranks, it does not measure. No TensorFlow import here.
 """
@@ -98,8 +98,8 @@ def _mappings(per_item: Optional[int], cols: Optional[int]) -> list:
 
 
 def score_all(s: Schedule, gpu, rows: Optional[int] = None) -> List[Scored]:
-    rows, cols = extents(s, rows)
-    return [Scored(p, cost.estimate(p, gpu, rows, cols)) for p in candidate_plans(s)]
+    model = cost.LatencyModel(gpu, *extents(s, rows))
+    return [Scored(p, model.estimate(p)) for p in candidate_plans(s)]
 
 
 def extents(s: Schedule, rows: Optional[int]) -> tuple:
@@ -133,8 +133,7 @@ def choose_plan(s: Schedule, gpu, rows: Optional[int] = None,
     best = min(scored, key=lambda c: c.estimate.latency_s)
     if default is None:
         return best.plan
-    n_rows, cols = extents(s, rows)
-    base = cost.estimate(default, gpu, n_rows, cols).latency_s
+    base = cost.LatencyModel(gpu, *extents(s, rows)).estimate(default).latency_s
     if best.estimate.latency_s < base * (1 - TIE):
         return best.plan
     return default

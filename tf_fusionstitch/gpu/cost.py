@@ -22,7 +22,9 @@
   partials and KERNEL_BOUNDARY_S per extra launch.
 
 It ranks candidate plans (choice.choose_plan); its absolute numbers
-are estimates, not measurements. No TensorFlow import here.
+are estimates, not measurements. `LatencyModel` is `estimate` bound to one
+GPU and problem size: the package's kernel_cost.KernelCostModel of GpuPlans,
+as the CPU's delta evaluator is one of CPU kernels. No TensorFlow import here.
 """
 
 from __future__ import annotations
@@ -144,6 +146,8 @@ def gpu_named(device_name: str) -> Optional[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Estimate:
+    """One plan's predicted latency and what it comes from
+    (kernel_cost.KernelEstimate)."""
     registers: int
     shared_bytes: int
     blocks: int
@@ -460,6 +464,18 @@ def estimate(plan, gpu: Union[str, GpuSpec], rows: int, cols: Optional[int] = No
     boundaries = (_phases(plan) - 1) * KERNEL_BOUNDARY_S
     return Estimate(regs, smem, blocks, bps, occ, waves, w_cycles, wave_cycles, memory_s,
                     waves * wave_cycles / g.clock_hz + boundaries)
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyModel:
+    """`estimate` for `rows` rows of `cols` columns (default: each plan's
+    static row length) on `gpu` (kernel_cost.KernelCostModel)."""
+    gpu: Union[str, GpuSpec]
+    rows: int
+    cols: Optional[int] = None
+
+    def estimate(self, plan, registers: Optional[int] = None) -> Estimate:
+        return estimate(plan, self.gpu, self.rows, self.cols, registers)
 
 
 def _in_flight_cols(plan, cols: int) -> int:

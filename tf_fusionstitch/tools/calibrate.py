@@ -3,7 +3,7 @@
   python -m tf_fusionstitch.tools.calibrate            # this machine's costs, measured if absent
   python -m tf_fusionstitch.tools.calibrate --force    # measure again, replace the cached ones
 
-Prints each cost next to its builtin value (rewriters/cpu_costs.py).
+Prints each cost next to its builtin value (rewriters/cpu_cost_model.py).
 """
 
 import os
@@ -41,11 +41,11 @@ def format_record(record, builtin) -> str:
 
 def main(argv):
     del argv
-    from tf_fusionstitch.rewriters import cpu_costs
+    from tf_fusionstitch.rewriters import cpu_cost_model, cpu_costs
     record = None if FLAGS.force else cpu_costs.cached_record()
     if record is None:
         record = cpu_costs.recalibrate()
-    print(format_record(record, cpu_costs.BUILTIN))
+    print(format_record(record, cpu_cost_model.BUILTIN))
 
 
 if __name__ == "__main__":
