@@ -8,6 +8,7 @@ PACKAGES = {
     "tf_fusionstitch.gpu": "tf_fusionstitch/gpu",
     "tf_fusionstitch.runtime": "tf_fusionstitch/runtime",
     "tf_fusionstitch.tools": "tf_fusionstitch/tools",
+    "tf_fusionstitch.tools.fuzzing": "tf_fusionstitch/tools/fuzzing",
     "tf_fusionstitch.rewriters": "rewriters",
     "tf_fusionstitch.custom_ops": "custom_ops",
     "tf_fusionstitch.planner": "planner",

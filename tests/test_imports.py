@@ -11,9 +11,14 @@ import import_graph
 TF_FACING = {
     "tf_fusionstitch.api", "tf_fusionstitch.trace_rewrite", "tf_fusionstitch.call_arguments",
     "tf_fusionstitch.graph_check", "tf_fusionstitch.custom_ops.loader",
-    "tf_fusionstitch.tools.demo", "tf_fusionstitch.tools.fuzz_graphs",
+    "tf_fusionstitch.tools.demo",
     "tf_fusionstitch.planner.graph_import", "tf_fusionstitch.planner.reference_models",
     "tf_fusionstitch.planner.more_models", "tf_fusionstitch.planner.model_blocks",
+    # the fuzzer: all but its vocabulary (ops) and shape inference (case_types)
+    *(f"tf_fusionstitch.tools.fuzzing.{m}" for m in (
+        "np_dtypes", "inputs", "tf_graph", "generator", "intervals", "op_errors",
+        "grappler_model", "oracle", "checking", "runner", "shrinking", "regressions",
+        "reproducer", "session")),
 }
 # The rewriters work on GraphDefs and TF's shape functions: TF-facing, except these.
 TF_FREE_REWRITERS = {"cpu_cost_model", "cycles", "graph_view", "kernel_count", "op_table",

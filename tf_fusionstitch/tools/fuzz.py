@@ -1,7 +1,7 @@
 """Differential fuzzing of tf_fusionstitch.optimize against TensorFlow.
 
-Generates random graphs of op-table ops (see fuzz_graphs.py for what is drawn
-and how results are judged), optimizes them with min_cluster_ops=1 in batches
+Generates random graphs of op-table ops (see the fuzzing package for what is
+drawn and how results are judged), optimizes them with min_cluster_ops=1 in batches
 of several graphs per tf.function, compares every output with TensorFlow's on
 fresh random inputs, shrinks every mismatch to a minimal case and writes it to
 tests/fuzz_regressions/ (replayed by tests/tools/test_fuzz.py).
@@ -101,10 +101,10 @@ def main(argv):
         temp = tempfile.TemporaryDirectory(prefix="tf_fusionstitch-fuzz-cache-")
         os.chmod(temp.name, 0o700)
         os.environ["TF_FUSIONSTITCH_CACHE_DIR"] = temp.name
-    from tf_fusionstitch.tools import fuzz_graphs  # after the cache is chosen
+    from tf_fusionstitch.tools.fuzzing import session  # after the cache is chosen
 
     start = time.monotonic()
-    stats, findings, oracle = fuzz_graphs.fuzz(
+    stats, findings, oracle = session.fuzz(
         FLAGS.graphs, FLAGS.seed, batch=FLAGS.batch, draws=FLAGS.draws,
         shrink_budget_s=FLAGS.shrink_seconds, regressions_dir=FLAGS.regressions_dir,
         save=FLAGS.save, time_limit_s=FLAGS.time_limit,
