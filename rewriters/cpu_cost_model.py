@@ -1,5 +1,5 @@
 """The CPU cost model: the costs' vocabulary (BUILTIN) and FusionStitching's
-delta evaluator (PAPERS.md, section 1, "Two cost models") that prices
+delta evaluator (docs/PAPERS.md, "Cost models") that prices
 fusion="explore"'s patterns with them. No TensorFlow import here:
 cpu_costs.py measures the costs on the machine (TensorFlow's own kernels).
 
