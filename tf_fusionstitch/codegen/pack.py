@@ -264,8 +264,7 @@ def _shape_fn(cluster, parts, body, ext_at, items_at, chunks_at, export) -> str:
 
 def _run_fn(cluster, parts, body, ext_at, items_at, chunks_at, export) -> str:
     """`body[p]`: the number of the run function part p runs (as in _shape_fn)."""
-    lines = [f"{export} void fs_run(int64_t begin, int64_t end, const int64_t* ext, "
-             "void* const* bufs) {",
+    lines = [printer.block_function(export),
              "  int64_t first = 0;  // the pack's first item (chunk) of the part"]
     for p, part in enumerate(parts):
         bufs = [f"bufs[{i}]" for i in part.inputs]

@@ -135,7 +135,7 @@ def generate_scatter_cpp(cluster: ir.Cluster) -> str:
     pieces = [printer.headers(target),
               shape_fn.format_meta(c, n_ext, [], target.export),
               _shape_fn(form, target.export),
-              _check_fn(form, target.export),
+              _check_fn(form, target),
               _run_fn(form, out_dtype, target),
               ""]
     return "\n".join(pieces)
@@ -219,12 +219,12 @@ def _shape_fn(form: ScatterForm, export: str) -> str:
     return "\n".join(lines)
 
 
-def _check_fn(form: ScatterForm, export: str) -> str:
+def _check_fn(form: ScatterForm, target) -> str:
     """Ids past the last segment are TF's InvalidArgument, before any write."""
     i = _input_index(form)[form.ids]
-    ids_t = printer.STORAGE[dict(form.cluster.inputs)[form.ids].dtype]
+    ids_t = target.storage[dict(form.cluster.inputs)[form.ids].dtype]
     return "\n".join([
-        f"{export} int fs_check_inputs(const int64_t* ext, void* const* bufs, char* err, "
+        f"{target.export} int fs_check_inputs(const int64_t* ext, void* const* bufs, char* err, "
         "int64_t errlen) {",
         f"  const {ids_t}* ids = static_cast<const {ids_t}*>(bufs[{i}]);",
         "  for (int64_t r = 0; r < ext[0]; ++r) {",
@@ -276,15 +276,10 @@ def k_name(value: str) -> str:
 
 def _run_fn(form: ScatterForm, out_dtype: List[str], target) -> str:
     c = form.cluster
-    lines = [f"{target.export} void fs_run(int64_t begin, int64_t end, const int64_t* ext, "
-             "void* const* bufs) {"]
-    for i, (name, t) in enumerate(c.inputs):
-        st = printer.STORAGE[t.dtype]
-        lines.append(f"  const {st}* t{i} = static_cast<const {st}*>(bufs[{i}]);")
+    lines = [printer.block_function(target.export)]
+    tensors = [(t.dtype, False) for _, t in c.inputs] + [(d, True) for d in out_dtype]
+    lines += ["  " + line for line in printer.tensor_pointers(tensors, target)]
     n_in = len(c.inputs)
-    for j, dtype in enumerate(out_dtype):
-        st = printer.STORAGE[dtype]
-        lines.append(f"  {st}* t{n_in + j} = static_cast<{st}*>(bufs[{n_in + j}]);")
     ids = f"t{_input_index(form)[form.ids]}"
     lines += ["  const int64_t n_rows = ext[0], n_cols = ext[1], n_segments = ext[2];",
               "  const int64_t per_item = ext[3];",
@@ -292,9 +287,8 @@ def _run_fn(form: ScatterForm, out_dtype: List[str], target) -> str:
               "    const int64_t lo = item * per_item;",
               "    const int64_t hi = lo + per_item < n_segments ? lo + per_item : n_segments;"]
     for j, dtype in enumerate(out_dtype):
-        st = printer.STORAGE[dtype]
         lines.append(f"    std::memset(t{n_in + j} + lo * n_cols, 0, "
-                     f"(hi - lo) * n_cols * sizeof({st}));")
+                     f"(hi - lo) * n_cols * sizeof({target.storage[dtype]}));")
     lines += ["    for (int64_t r = 0; r < n_rows; ++r) {",
               f"      const int64_t s = static_cast<int64_t>({ids}[r]);",
               "      if (s < lo || s >= hi) continue;   // another item's, or dropped (< 0)",
@@ -304,7 +298,7 @@ def _run_fn(form: ScatterForm, out_dtype: List[str], target) -> str:
         if isinstance(st, k.Load):
             name, t = c.inputs[st.tensor]
             where = _element_index(t)
-            value = printer.load_value(f"t{st.tensor}[{where}]", st.dtype)
+            value = printer.load_value(f"t{st.tensor}[{where}]", st.dtype, target)
             lines.append(f"        const {printer.COMPUTE[st.dtype]} {st.dst} = {value};")
         else:
             lines.append(f"        const {printer.COMPUTE[st.dtype]} {st.dst} = "
@@ -312,7 +306,8 @@ def _run_fn(form: ScatterForm, out_dtype: List[str], target) -> str:
     for j, value in enumerate(form.summed):
         out = f"t{n_in + j}[s * n_cols + c]"
         dtype = out_dtype[j]
-        total = printer.store_value(f"{printer.load_value(out, dtype)} + {k_name(value)}", dtype)
+        total = printer.store_value(f"{printer.load_value(out, dtype, target)} + "
+                                    f"{k_name(value)}", dtype, target)
         lines.append(f"        {out} = {total};")
     lines += ["      }", "    }", "  }", "}"]
     return "\n".join(lines)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import List
 
 from tf_fusionstitch.codegen import kernel_ir as k
+from tf_fusionstitch.codegen.primitives import FREE
 from tf_fusionstitch.fusion_ir import DTYPE_BYTES, DTYPE_CODES, EXPENSIVE, MAX_META_COUNT
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE, Schedule, UnsupportedCluster
 
@@ -28,7 +29,6 @@ COST_SCALE = 64
 BYTE_COST = 11
 _LIGHT_COST = 8
 _EXPENSIVE_COST = 160
-_FREE = ("reshape", "broadcast_to", "transpose", "const")
 
 
 def element_cost(statements) -> int:
@@ -38,7 +38,7 @@ def element_cost(statements) -> int:
     for stmt in statements:
         if isinstance(stmt, (k.Load, k.Store, k.BufLoad, k.BufStore)):
             cost += BYTE_COST * DTYPE_BYTES[stmt.dtype]
-        elif isinstance(stmt, k.Compute) and stmt.prim not in _FREE:
+        elif isinstance(stmt, k.Compute) and stmt.prim not in FREE:
             cost += _EXPENSIVE_COST if stmt.prim in EXPENSIVE else _LIGHT_COST
         elif isinstance(stmt, k.Accumulate):
             cost += _LIGHT_COST
