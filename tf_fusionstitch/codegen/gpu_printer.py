@@ -36,7 +36,7 @@ from tf_fusionstitch.codegen import primitives as p
 from tf_fusionstitch.codegen import printer
 from tf_fusionstitch.codegen.printer import COMPUTE, CUDA, FLAG_TYPE, Target, fold_into
 from tf_fusionstitch.gpu.cost import buffer_slots
-from tf_fusionstitch.gpu.mapping import GpuPlan, split_phases
+from tf_fusionstitch.gpu.mapping import WARP, GpuPlan, split_phases
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE as TILE
 
 KERNEL_NAME = "fs_kernel"
@@ -129,6 +129,11 @@ class GpuBody(printer.KernelPrinter):
             return f"{pool}_{value}[{self.row_slot} * {self.m.smem_cols} + cl]"
         return f"{pool}_{value}[cl]"
 
+    def lane_and_warp(self) -> None:
+        """The thread's lane in its warp and its warp in the block."""
+        self.decl("int", "lane", f"tid & {WARP - 1}")
+        self.decl("int", "warp", f"tid >> {WARP.bit_length() - 1}")
+
     def row_stmt(self, st) -> None:
         self.stmt(st, 0, False)
         if isinstance(st, (k.Load, k.Compute, k.Finish)):
@@ -155,8 +160,7 @@ class GpuBody(printer.KernelPrinter):
         for b, dtype in kr.buffers.items():
             if self.slot[b] == b:
                 self.shared.append((f"b_{b}", COMPUTE[dtype], m.rows_per_block * m.smem_cols))
-        self.decl("int", "lane", "tid & 31")
-        self.decl("int", "warp", "tid >> 5")
+        self.lane_and_warp()
         if kr.prelude:  # hoisted values: every thread of the block shares the columns
             self.emit("{", 0)
             self.zero_offsets(1)
@@ -210,8 +214,7 @@ class GpuBody(printer.KernelPrinter):
         rb = m.row_blocks
         self.declare_extents(0)
         self.uniform, self.lines = self.lines, []
-        self.decl("int", "lane", "tid & 31")
-        self.decl("int", "warp", "tid >> 5")
+        self.lane_and_warp()
         self.decl("int64_t", "item", f"begin + block / {rb}")
         self.decl("int64_t", "slice", f"block % {rb}")
         self.sync(k.Guard("item < end"))
@@ -307,7 +310,7 @@ class GpuBody(printer.KernelPrinter):
         combine = []   # templates of the other value: {a_<acc>}, {n_<acc>}
         for a in accs:
             combine += fold_into(a, "{a_%s}" % a.acc, "{n_%s}" % a.acc)
-        off = 16
+        off = WARP // 2
         while off >= 1:
             tmps = {name: f"x{off}_{name}" for name, _ in vals}
             self.sync(k.Shuffle(off, tuple((tmps[n], n, t) for n, t in vals),

@@ -442,7 +442,7 @@ class KernelPrinter:
         if dst in self.row_arrays:
             self.emit(f"{dst}[l] = {value};", indent)
         else:
-            self.emit(f"const {COMPUTE[dtype]} {dst} = {value};", indent)
+            self.emit(definition(dst, dtype, value), indent)
 
     def buffer_index(self, pool: str) -> str:
         # a row's buffer holds every lane's column (the hoisted pool does not vary by row)
@@ -825,6 +825,11 @@ class KernelPrinter:
         if p.tracks_nan(a):
             out += f" reduction(|:n_{a.acc})"
         return out
+
+
+def definition(dst: str, dtype: str, value: str) -> str:
+    """A value's definition in its compute type."""
+    return f"const {COMPUTE[dtype]} {dst} = {value};"
 
 
 # The tile of the row's columns that a tiled kernel's item runs.

@@ -299,10 +299,9 @@ def _run_fn(form: ScatterForm, out_dtype: List[str], target) -> str:
             name, t = c.inputs[st.tensor]
             where = _element_index(t)
             value = printer.load_value(f"t{st.tensor}[{where}]", st.dtype, target)
-            lines.append(f"        const {printer.COMPUTE[st.dtype]} {st.dst} = {value};")
         else:
-            lines.append(f"        const {printer.COMPUTE[st.dtype]} {st.dst} = "
-                         f"{printer.expression(st, target)};")
+            value = printer.expression(st, target)
+        lines.append("        " + printer.definition(st.dst, st.dtype, value))
     for j, value in enumerate(form.summed):
         out = f"t{n_in + j}[s * n_cols + c]"
         dtype = out_dtype[j]
