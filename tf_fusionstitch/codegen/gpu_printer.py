@@ -179,7 +179,7 @@ class GpuBody(printer.KernelPrinter):
         lo, hi = "0", "n_cols"
         if kr.tiled and kr.col_groups:
             self.decl("int64_t", "col_lo", f"tile * {TILE}")
-            self.decl("int64_t", "col_hi", f"n_cols - col_lo < {TILE} ? n_cols : col_lo + {TILE}")
+            self.decl("int64_t", "col_hi", printer.bounded_end("col_lo", TILE, "n_cols"))
             lo, hi = "col_lo", "col_hi"
         for name in sorted(self.cached, key=lambda v: (self.first_loop[v], v)):  # deterministic text
             ctype = COMPUTE[self.cached_dtype[name]]
@@ -222,7 +222,7 @@ class GpuBody(printer.KernelPrinter):
         self.row_offsets()
         self.decl("int64_t", "chunk", f"(n_cols + {rb - 1}) / {rb}")
         self.decl("int64_t", "col_lo", "slice * chunk < n_cols ? slice * chunk : n_cols")
-        self.decl("int64_t", "col_hi", "n_cols - col_lo < chunk ? n_cols : col_lo + chunk")
+        self.decl("int64_t", "col_hi", printer.bounded_end("col_lo", "chunk", "n_cols"))
         self.decl("int64_t", "wsi", f"(item - begin) * {rb}")
         for seg in range(self.phase + 1):
             if seg > 0:

@@ -660,7 +660,7 @@ class KernelPrinter:
             lo, hi = "0", f"g{g}"
             if innermost and tiled:
                 lo = f"tile * {TILE}"
-                hi = f"(g{g} - {lo} < {TILE} ? g{g} : {lo} + {TILE})"
+                hi = f"({bounded_end(lo, TILE, f'g{g}')})"
             if innermost:
                 streamed = self.streamed(stmts, accs) if self.streaming else []
                 if streamed:
@@ -693,7 +693,7 @@ class KernelPrinter:
         too); returns the bounds of the piece the loop runs."""
         e = self.emit
         e(f"for (int64_t cb{g} = {lo}; cb{g} < {hi};) {{", indent)
-        e(f"const int64_t ce{g} = {hi} - cb{g} < fs_left ? {hi} : cb{g} + fs_left;", indent + 1)
+        e(f"const int64_t ce{g} = {bounded_end(f'cb{g}', 'fs_left', hi)};", indent + 1)
         return f"cb{g}", f"ce{g}"
 
     def close_block(self, g: int, blocked: list, indent: int) -> int:
@@ -830,6 +830,12 @@ class KernelPrinter:
 def definition(dst: str, dtype: str, value: str) -> str:
     """A value's definition in its compute type."""
     return f"const {COMPUTE[dtype]} {dst} = {value};"
+
+
+def bounded_end(lo: str, step, n: str) -> str:
+    """The end of the range of `step` from `lo`, or `n` where that comes first
+    (a tile, a block of a sum, a split row's slice)."""
+    return f"{n} - {lo} < {step} ? {n} : {lo} + {step}"
 
 
 # The tile of the row's columns that a tiled kernel's item runs.

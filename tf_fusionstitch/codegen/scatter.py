@@ -165,13 +165,9 @@ def _shape_fn(form: ScatterForm, export: str) -> str:
     c = form.cluster
     out_dtype = [c.types()[o].dtype for o in c.outputs]
     cols = form.rows.types()[form.summed[0]].shape[1]
-    lines = [f"{export} {shape_fn.SHAPE_FN_ATTRIBUTES} int fs_shape(const int64_t* in_dims, "
-             "int64_t* out_dims, int64_t* ext, "
-             "int64_t* work, char* err, int64_t errlen) {", "  char msg[512];"]
-    offsets, off = {}, 0
-    for name, t in c.inputs:
-        offsets[name] = off
-        off += t.rank
+    lines = [shape_fn.shape_fn_head(export), "  char msg[512];"]
+    offsets = dict(zip((name for name, _ in c.inputs),
+                       shape_fn.dim_offsets(t for _, t in c.inputs)))
     lines.append(f"  const int64_t n_rows = in_dims[{offsets[form.ids]}];")
     col_source = next(((n, t.rank - 1) for n, t in c.inputs
                        if n != form.ids and t.rank and t.shape[-1] is None), None)
@@ -191,11 +187,8 @@ def _shape_fn(form: ScatterForm, export: str) -> str:
         shown = ", ".join("%lld" for _ in want)
         got = ", ".join(f"(long long)in_dims[{offsets[name] + d}]" for d in range(len(want)))
         exp = ", ".join(f"(long long){w}" for w in want)
-        lines += [f"  if ({cond}) {{",
-                  f'    std::snprintf(msg, sizeof msg, "Incompatible shapes: FusionStitch input '
-                  f'{number} ({name}) has shape [{shown}] where [{shown}] is required (the '
-                  f'rows of a segment sum and their ids)", {got}, {exp});',
-                  "    return fs_fail(err, errlen, msg);", "  }"]
+        lines += shape_fn.shape_error(cond, f"{number} ({name})", shown,
+                                      "the rows of a segment sum and their ids", f"{got}, {exp}")
     segments = form.num_segments
     per_element = shape_fn.element_cost(_row_statements(form))
     lines += [f"  const int64_t n_segments = {segments};",
