@@ -249,22 +249,15 @@ def _row_statements(form: ScatterForm) -> List:
             if v in defined:
                 continue
             if v in index:
-                body.append(k.Load(k_name(v), index[v], types[v].dtype))
+                body.append(k.Load(k.value_name(v), index[v], types[v].dtype))
             elif not done:
                 stack.append((v, True))
                 stack.extend((i, False) for i in reversed(ops[v].inputs))
                 continue
             else:
-                op = ops[v]
-                arg_dtype = types[op.inputs[-1]].dtype if op.inputs else op.type.dtype
-                body.append(k.Compute(k_name(v), op.prim, tuple(k_name(i) for i in op.inputs),
-                                      op.type.dtype, arg_dtype, op.attrs))
+                body.append(k.compute(ops[v], types))
             defined.add(v)
     return body
-
-
-def k_name(value: str) -> str:
-    return "v_" + value
 
 
 def _run_fn(form: ScatterForm, out_dtype: List[str], target) -> str:
@@ -299,7 +292,7 @@ def _run_fn(form: ScatterForm, out_dtype: List[str], target) -> str:
         out = f"t{n_in + j}[s * n_cols + c]"
         dtype = out_dtype[j]
         total = printer.store_value(f"{printer.load_value(out, dtype, target)} + "
-                                    f"{k_name(value)}", dtype, target)
+                                    f"{k.value_name(value)}", dtype, target)
         lines.append(f"        {out} = {total};")
     lines += ["      }", "    }", "  }", "}"]
     return "\n".join(lines)
