@@ -188,28 +188,26 @@ def lower(s: Schedule, lanes: int = 0) -> Kernel:
     prelude: list = []
 
     def emit_col(value: str, k: int) -> str:
-        """Make `value` available inside loop k, its operands first (a
-        post-order walk with an explicit stack, so a long chain of ops does
-        not reach Python's recursion limit); returns its C++ name."""
+        """Make `value` available inside loop k, its operands first; returns
+        its C++ name."""
         in_prelude = k == n_loops
         body = prelude if in_prelude else loops[k]
-        stack = [(value, False)]
-        while stack:
-            v, operands_done = stack.pop()
-            if v in defined[k] or (not s.is_col[v] and not in_prelude):
-                continue  # row values are defined in the row segments
+
+        def read(v):
+            """The statement that reads v in this loop, or None where it is computed."""
             if v in input_index:
-                body.append(Load(value_name(v), input_index[v], types[v].dtype))
-            elif v in s.hoisted and not in_prelude:
-                body.append(BufLoad(value_name(v), value_name(v), types[v].dtype, "h"))
-            elif v in s.buffered and s.phase[v] < k:
-                body.append(BufLoad(value_name(v), value_name(v), types[v].dtype))
-            elif not operands_done:
-                stack.append((v, True))
-                stack.extend((i, False) for i in reversed(ops[v].inputs))
-                continue
-            else:
-                body.append(compute(ops[v], types))
+                return Load(value_name(v), input_index[v], types[v].dtype)
+            if v in s.hoisted and not in_prelude:
+                return BufLoad(value_name(v), value_name(v), types[v].dtype, "h")
+            if v in s.buffered and s.phase[v] < k:
+                return BufLoad(value_name(v), value_name(v), types[v].dtype)
+            return None
+
+        def skip(v):  # defined here already, or a row value (the row segments define it)
+            return v in defined[k] or (not s.is_col[v] and not in_prelude)
+
+        for v in operands_first(value, ops, skip, lambda v: read(v) is not None):
+            body.append(read(v) or compute(ops[v], types))
             defined[k].add(v)
         return value_name(value)
 
@@ -255,6 +253,25 @@ def lower(s: Schedule, lanes: int = 0) -> Kernel:
         accumulators=accs, buffers={value_name(b): types[b].dtype for b in sorted(s.buffered)},
         hoisted={value_name(h): types[h].dtype for h in sorted(s.hoisted)}, prelude=prelude,
         reduce_axes=tuple(sorted(s.col_axes)) if not s.tiled else (), lanes=lanes)
+
+
+def operands_first(value: str, ops: dict, skip, read):
+    """`value` and the values it needs, each after its operands (a post-order
+    walk with an explicit stack, so a long chain of ops does not reach
+    Python's recursion limit): values where `skip` holds are left out, and
+    the operands of those that `read` are not walked. `skip` is asked again
+    after each value the caller takes, so it may test what the caller has
+    defined."""
+    stack = [(value, False)]
+    while stack:
+        v, operands_done = stack.pop()
+        if skip(v):
+            continue
+        if operands_done or read(v):
+            yield v
+        else:
+            stack.append((v, True))
+            stack.extend((i, False) for i in reversed(ops[v].inputs))
 
 
 def value_name(name: str) -> str:

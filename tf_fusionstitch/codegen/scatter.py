@@ -243,19 +243,9 @@ def _row_statements(form: ScatterForm) -> List:
     body: List = []
     defined = set()
     for value in form.summed:
-        stack = [(value, False)]
-        while stack:   # operands first, without recursion
-            v, done = stack.pop()
-            if v in defined:
-                continue
-            if v in index:
-                body.append(k.Load(k.value_name(v), index[v], types[v].dtype))
-            elif not done:
-                stack.append((v, True))
-                stack.extend((i, False) for i in reversed(ops[v].inputs))
-                continue
-            else:
-                body.append(k.compute(ops[v], types))
+        for v in k.operands_first(value, ops, defined.__contains__, index.__contains__):
+            body.append(k.Load(k.value_name(v), index[v], types[v].dtype) if v in index
+                        else k.compute(ops[v], types))
             defined.add(v)
     return body
 
