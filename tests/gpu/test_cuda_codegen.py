@@ -16,8 +16,9 @@ import sys
 import gpu_edge_clusters as edge
 import pytest
 
+from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch import patterns
-from tf_fusionstitch.codegen import gpu_printer
+from tf_fusionstitch.codegen import gpu_printer, primitives, printer
 from tf_fusionstitch.codegen.generate import generate_cuda
 from tf_fusionstitch.gpu import build as gpu_build
 from tf_fusionstitch.gpu.occupancy import occupancy
@@ -37,6 +38,16 @@ needs_ptxas = pytest.mark.skipif(
 # to keep enough loads in flight.
 MIN_OCCUPANCY = 0.5
 _CTYPE_BYTES = {"float": 4, "double": 8, "int": 4, "int32_t": 4, "int64_t": 8, "bool": 1}
+
+
+@pytest.mark.parametrize("target", [printer.CPP, printer.CUDA], ids=lambda t: t.name)
+def test_target_tables_cover_every_dtype(target):
+    """Each target says how to store every dtype and how each 16-bit float
+    loads, stores and rounds: the printers ask the table, never the target."""
+    assert set(target.storage) == set(ir.DTYPES)
+    for table in (target.load_16bit, target.store_16bit, target.round_16bit):
+        assert set(table) == set(primitives.HALF_DTYPES)
+        assert all(template.count("{}") == 1 for template in table.values())
 
 
 def planned_shared_bytes(plan) -> int:

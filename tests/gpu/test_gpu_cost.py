@@ -11,7 +11,7 @@ import pytest
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch import kernel_cost, patterns
-from tf_fusionstitch.codegen import gpu_printer
+from tf_fusionstitch.codegen import gpu_printer, kernel_ir, primitives, printer
 from tf_fusionstitch.gpu import build as gpu_build, choice as gpu_choice, cost as gpu_cost
 from tf_fusionstitch.gpu.choice import plan_gpu
 from tf_fusionstitch.gpu.cost import (BARRIER_CYCLES, DIVMOD_CYCLES, DRAM_LATENCY_CYCLES,
@@ -207,6 +207,20 @@ def test_shared_bytes_equal_what_the_printer_allocates_for_every_candidate(name)
     assert any(p.mapping.row_blocks > 1 for p in plans) == splittable
     for plan in plans:
         assert gpu_cost.shared_bytes(plan) == _printer_shared_bytes(plan), plan.mapping
+
+
+def test_cost_model_sizes_values_as_the_printers_declare_them():
+    """Compute values, accumulators and NaN flags: the cost model's sizes
+    (codegen/primitives.py) are those of the C types the printers declare."""
+    for dtype in ir.DTYPES:
+        assert _CTYPE_BYTES[printer.COMPUTE[dtype]] == primitives.COMPUTE_BYTES[dtype], dtype
+        for kind in ir.REDUCE:
+            a = kernel_ir.Accumulate("v_r", kind, "v_x", dtype)
+            ctype = printer.KernelPrinter.acc_type(dtype, kind)
+            assert _CTYPE_BYTES[ctype] == primitives.accumulator_bytes(a), (kind, dtype)
+            assert primitives.tracks_nan(a) == (kind in ("reduce_max", "reduce_min")
+                                                and dtype in ir.FLOAT_DTYPES)
+    assert _CTYPE_BYTES[printer.FLAG_TYPE] == 4   # cost.shared_bytes' NaN flag partials
 
 
 def _two_softmaxes(width):

@@ -32,14 +32,14 @@ import re
 from typing import Dict, List
 
 from tf_fusionstitch.codegen import kernel_ir as k
+from tf_fusionstitch.codegen import primitives as p
 from tf_fusionstitch.codegen import printer
-from tf_fusionstitch.codegen.printer import COMPUTE, CUDA, STORAGE, REDUCTIONS, Target
+from tf_fusionstitch.codegen.printer import COMPUTE, CUDA, FLAG_TYPE, Target, fold_into
 from tf_fusionstitch.gpu.cost import buffer_slots
-from tf_fusionstitch.gpu.mapping import GpuPlan, split_phases
+from tf_fusionstitch.gpu.mapping import WARP, GpuPlan, split_phases
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE as TILE
 
 KERNEL_NAME = "fs_kernel"
-CUDA_STORAGE = {**STORAGE, "float16": "uint16_t"}  # device code has no _Float16
 
 # NVRTC options every CUDA kernel is compiled with. --fmad=false keeps a*b+c
 # as two roundings, like the C++ target's -ffp-contract=off: a value computed
@@ -119,23 +119,6 @@ class GpuBody(printer.KernelPrinter):
         else:
             super().stmt(st, indent, in_loop)
 
-    # float16 on CUDA: storage is the bits (uint16_t), as bfloat16's already is
-    # on both targets; the C++ emulation keeps the C++ target's _Float16.
-    def load(self, tensor: int, dtype: str, index: str) -> str:
-        if self.t is CUDA and dtype == "float16":
-            return f"fs_f16_to_f32(t{tensor}[{index}])"
-        return super().load(tensor, dtype, index)
-
-    def store_value(self, src: str, dtype: str) -> str:
-        if self.t is CUDA and dtype == "float16":
-            return f"fs_f32_to_f16({src})"
-        return printer.store_value(src, dtype)
-
-    def cast(self, src: str, frm: str, to: str) -> str:
-        if self.t is CUDA and to == "float16":  # round as TensorFlow would
-            return f"fs_f16_to_f32(fs_f32_to_f16(static_cast<float>({src})))"
-        return super().cast(src, frm, to)
-
     def buf(self, pool: str, value: str) -> str:
         """Shared-memory element of a buffered (per row) or hoisted (per block) value."""
         if pool == "b":
@@ -145,6 +128,11 @@ class GpuBody(printer.KernelPrinter):
         if pool == "b" and self.m.rows_per_block > 1:  # lanes read consecutive words
             return f"{pool}_{value}[{self.row_slot} * {self.m.smem_cols} + cl]"
         return f"{pool}_{value}[cl]"
+
+    def lane_and_warp(self) -> None:
+        """The thread's lane in its warp and its warp in the block."""
+        self.decl("int", "lane", f"tid & {WARP - 1}")
+        self.decl("int", "warp", f"tid >> {WARP.bit_length() - 1}")
 
     def row_stmt(self, st) -> None:
         self.stmt(st, 0, False)
@@ -156,12 +144,11 @@ class GpuBody(printer.KernelPrinter):
     def row_offsets(self) -> None:
         """Row indices i{g} of item `r` and each tensor's element offset o{i}."""
         kr = self.k
-        for g in reversed(kr.row_groups):
-            self.emit(f"const int64_t i{g} = r % g{g}; r /= g{g};", 0)
+        for g, line in self.row_indices(kr.row_groups, whole_outermost=False):
+            self.emit(line, 0)
             self.reg(f"i{g}", "int64_t")
-        for i, tn in enumerate(kr.tensors):
-            terms = [f"i{g} * s{i}_{g}" for g in tn.groups if g in kr.row_groups]
-            self.decl("int64_t", f"o{i}", " + ".join(terms) or "0")
+        for i in range(len(kr.tensors)):
+            self.decl("int64_t", f"o{i}", self.row_offset(i, kr.row_groups))
 
     def build(self) -> None:
         kr, m = self.k, self.m
@@ -173,12 +160,10 @@ class GpuBody(printer.KernelPrinter):
         for b, dtype in kr.buffers.items():
             if self.slot[b] == b:
                 self.shared.append((f"b_{b}", COMPUTE[dtype], m.rows_per_block * m.smem_cols))
-        self.decl("int", "lane", "tid & 31")
-        self.decl("int", "warp", "tid >> 5")
+        self.lane_and_warp()
         if kr.prelude:  # hoisted values: every thread of the block shares the columns
             self.emit("{", 0)
-            for i in range(len(kr.tensors)):
-                self.emit(f"const int64_t o{i} = 0;", 1)
+            self.zero_offsets(1)
             self.col_loop(kr.prelude, [], 1, "0", "n_cols", "tid", m.block_threads)
             self.emit("}", 0)
             self.sync(k.Barrier())
@@ -188,13 +173,13 @@ class GpuBody(printer.KernelPrinter):
         self.sync(k.Guard("item < end"))
         self.decl("int64_t", "r", "item", const=False)
         if kr.tiled and kr.col_groups:
-            self.emit("const int64_t tile = r % n_tiles; r /= n_tiles;", 0)
+            self.emit(printer.ITEM_TILE, 0)
             self.reg("tile", "int64_t")
         self.row_offsets()
         lo, hi = "0", "n_cols"
         if kr.tiled and kr.col_groups:
             self.decl("int64_t", "col_lo", f"tile * {TILE}")
-            self.decl("int64_t", "col_hi", f"n_cols - col_lo < {TILE} ? n_cols : col_lo + {TILE}")
+            self.decl("int64_t", "col_hi", printer.bounded_end("col_lo", TILE, "n_cols"))
             lo, hi = "col_lo", "col_hi"
         for name in sorted(self.cached, key=lambda v: (self.first_loop[v], v)):  # deterministic text
             ctype = COMPUTE[self.cached_dtype[name]]
@@ -209,9 +194,8 @@ class GpuBody(printer.KernelPrinter):
                 accs = kr.accumulators[seg]
                 for a in accs:
                     self.init_acc(a, 0)
-                    self.reg(f"a_{a.acc}", self.acc_type(a.dtype, a.kind))
-                    if self.tracks_nan(a):
-                        self.reg(f"n_{a.acc}", "int")
+                    for name, ctype in self.partial_values([a]):
+                        self.reg(name, ctype)
                 self.col_loop(kr.loops[seg], accs, 0, lo, hi, self.row_thread,
                               m.row_threads, unrolled=self.per_thread is not None)
                 if accs:
@@ -230,8 +214,7 @@ class GpuBody(printer.KernelPrinter):
         rb = m.row_blocks
         self.declare_extents(0)
         self.uniform, self.lines = self.lines, []
-        self.decl("int", "lane", "tid & 31")
-        self.decl("int", "warp", "tid >> 5")
+        self.lane_and_warp()
         self.decl("int64_t", "item", f"begin + block / {rb}")
         self.decl("int64_t", "slice", f"block % {rb}")
         self.sync(k.Guard("item < end"))
@@ -239,7 +222,7 @@ class GpuBody(printer.KernelPrinter):
         self.row_offsets()
         self.decl("int64_t", "chunk", f"(n_cols + {rb - 1}) / {rb}")
         self.decl("int64_t", "col_lo", "slice * chunk < n_cols ? slice * chunk : n_cols")
-        self.decl("int64_t", "col_hi", "n_cols - col_lo < chunk ? n_cols : col_lo + chunk")
+        self.decl("int64_t", "col_hi", printer.bounded_end("col_lo", "chunk", "n_cols"))
         self.decl("int64_t", "wsi", f"(item - begin) * {rb}")
         for seg in range(self.phase + 1):
             if seg > 0:
@@ -251,9 +234,8 @@ class GpuBody(printer.KernelPrinter):
             accs = kr.accumulators[self.phase]
             for a in accs:
                 self.init_acc(a, 0)
-                self.reg(f"a_{a.acc}", self.acc_type(a.dtype, a.kind))
-                if self.tracks_nan(a):
-                    self.reg(f"n_{a.acc}", "int")
+                for name, ctype in self.partial_values([a]):
+                    self.reg(name, ctype)
             self.col_loop(kr.loops[self.phase], accs, 0, "col_lo", "col_hi", "tid",
                           m.block_threads)
             if accs:
@@ -269,8 +251,8 @@ class GpuBody(printer.KernelPrinter):
         out = []
         for a in accs:
             out.append((f"a_{a.acc}", self.acc_type(a.dtype, a.kind)))
-            if self.tracks_nan(a):
-                out.append((f"n_{a.acc}", "int"))
+            if p.tracks_nan(a):
+                out.append((f"n_{a.acc}", FLAG_TYPE))
         return out
 
     def combine_partials(self, accs) -> None:
@@ -280,15 +262,9 @@ class GpuBody(printer.KernelPrinter):
             for name, ctype in self.partial_values([a]):
                 self.emit(f"{ctype} {name} = ws_{name}[wsi];", 0)
                 self.reg(name, ctype)
-            steps.append(REDUCTIONS[a.kind][1].format(a=f"a_{a.acc}", x=f"ws_a_{a.acc}[wsi + s_]"))
-            if self.tracks_nan(a):
-                steps.append(f"n_{a.acc} |= ws_n_{a.acc}[wsi + s_];")
+            steps += fold_into(a, f"ws_a_{a.acc}[wsi + s_]", f"ws_n_{a.acc}[wsi + s_]")
         self.emit(f"for (int s_ = 1; s_ < {self.m.row_blocks}; ++s_) {{ " + " ".join(steps)
                   + " }", 0)
-
-    @staticmethod
-    def tracks_nan(a: k.Accumulate) -> bool:
-        return a.kind in ("reduce_max", "reduce_min") and a.dtype in printer.ir.FLOAT_DTYPES
 
     def col_loop(self, stmts, accs, indent, lo, hi, first, step, unrolled=False) -> None:
         """The thread's columns: lo + first, then every `step`-th below hi.
@@ -330,15 +306,11 @@ class GpuBody(printer.KernelPrinter):
         A thread per row has its result already."""
         if self.m.row_threads == 1:
             return
-        vals = []
-        combine = []
+        vals = self.partial_values(accs)
+        combine = []   # templates of the other value: {a_<acc>}, {n_<acc>}
         for a in accs:
-            vals.append((f"a_{a.acc}", self.acc_type(a.dtype, a.kind)))
-            combine.append(REDUCTIONS[a.kind][1].format(a=f"a_{a.acc}", x="{a_%s}" % a.acc))
-            if self.tracks_nan(a):
-                vals.append((f"n_{a.acc}", "int"))
-                combine.append(f"n_{a.acc} |= {{n_{a.acc}}};")
-        off = 16
+            combine += fold_into(a, "{a_%s}" % a.acc, "{n_%s}" % a.acc)
+        off = WARP // 2
         while off >= 1:
             tmps = {name: f"x{off}_{name}" for name, _ in vals}
             self.sync(k.Shuffle(off, tuple((tmps[n], n, t) for n, t in vals),
@@ -393,7 +365,7 @@ def _cuda_part_lines(b: GpuBody) -> list:
             out.append("  " + CUDA.barrier)
         elif isinstance(part, k.Guard):
             # Uniform per warp (block) where shuffles (barriers) follow.
-            out.append(f"  if (!({part.cond})) return;")
+            out.append("  " + CUDA.guard_exit.format(cond=part.cond))
         else:
             out.append("  {")
             for tmp, reg, ctype in part.exchanges:
@@ -402,12 +374,6 @@ def _cuda_part_lines(b: GpuBody) -> list:
             out += ["    " + c for c in part.combine]
             out.append("  }")
     return out
-
-
-# Tensors never alias (CudaKernel allocates every output; nothing forwards an
-# input buffer on the GPU): read-only loads may then go through the
-# non-coherent cache and be reordered past the stores.
-POINTER_QUALIFIER = "__restrict__ "
 
 
 def print_cuda(plan: GpuPlan, n_ext: int) -> str:
@@ -419,21 +385,22 @@ def print_cuda(plan: GpuPlan, n_ext: int) -> str:
     kr, m = plan.kernel, plan.mapping
     params = ["const int64_t begin", "const int64_t end"]
     for i, tn in enumerate(kr.tensors):
-        params.append(f"{'' if tn.is_output else 'const '}{CUDA_STORAGE[tn.dtype]}* "
-                      f"{POINTER_QUALIFIER}t{i}")
+        params.append(f"{'' if tn.is_output else 'const '}{CUDA.storage[tn.dtype]}* "
+                      f"{CUDA.pointer_qualifier}t{i}")
     params += [f"const int64_t ext{a}" for a in range(n_ext)]
     if m.row_blocks > 1:
         params.append("const int fs_phase")
         params += [f"{ctype}* {name}" for name, ctype in split_workspace(plan)]
-    out = [CUDA.prelude,
-           f"{CUDA.export} void __launch_bounds__({m.block_threads}) {KERNEL_NAME}("
-           + ", ".join(params) + ") {",
+    head = (f"{CUDA.export} void {CUDA.launch_bounds.format(threads=m.block_threads)}"
+            f"{KERNEL_NAME}(" + ", ".join(params) + ") {")
+    out = [CUDA.prelude, head,
            f"  const int64_t ext[{n_ext}] = {{" + ", ".join(f"ext{a}" for a in range(n_ext))
            + "};"]
     out += ["  " + line for line in b.uniform]
     out += [f"  {CUDA.shared}{ctype} {name}[{count}];" for name, ctype, count in
             shared_union(bodies)]
-    out += ["  const int tid = threadIdx.x;", "  const int64_t block = blockIdx.x;"]
+    out += [f"  const int tid = {CUDA.thread_index};",
+            f"  const int64_t block = {CUDA.block_index};"]
     if m.row_blocks == 1:
         out += _cuda_part_lines(b)
     else:
@@ -469,12 +436,9 @@ def print_emulation(plan: GpuPlan, reverse_threads: bool = False) -> str:
     blocks = [_emulated_block(b, tid_loop, nt) for b in bodies]
     shared = shared_union(bodies)
     out = ["#include <vector>"] if m.row_blocks > 1 else []
-    out.append(f"{printer.CPP.export} void fs_run(int64_t begin, int64_t end, "
-               "const int64_t* ext, void* const* bufs) {")
-    for i, tn in enumerate(plan.kernel.tensors):
-        st = STORAGE[tn.dtype]
-        const = "" if tn.is_output else "const "
-        out.append(f"  {const}{st}* t{i} = static_cast<{const}{st}*>(bufs[{i}]);")
+    out.append(printer.block_function(printer.CPP.export))
+    out += ["  " + line for line in printer.tensor_pointers(
+        [(tn.dtype, tn.is_output) for tn in plan.kernel.tensors], printer.CPP)]
     out += ["  " + line for line in bodies[0].uniform]
     out.append("  // One block's shared memory, then its threads' registers that cross phases.")
     out += [f"  {ctype} {name}[{count}];" for name, ctype, count in shared]

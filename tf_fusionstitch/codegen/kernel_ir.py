@@ -180,7 +180,7 @@ def lower(s: Schedule, lanes: int = 0) -> Kernel:
     # Row values: inputs that do not vary along the columns load once per row.
     for name, t in c.inputs:
         if not s.is_col[name]:
-            segments[0].append(Load(_v(name), input_index[name], t.dtype))
+            segments[0].append(Load(value_name(name), input_index[name], t.dtype))
 
     # Per loop: which col values are already defined in that loop's body;
     # index n_loops is the prelude that computes the hoisted values.
@@ -188,42 +188,40 @@ def lower(s: Schedule, lanes: int = 0) -> Kernel:
     prelude: list = []
 
     def emit_col(value: str, k: int) -> str:
-        """Make `value` available inside loop k, its operands first (a
-        post-order walk with an explicit stack, so a long chain of ops does
-        not reach Python's recursion limit); returns its C++ name."""
+        """Make `value` available inside loop k, its operands first; returns
+        its C++ name."""
         in_prelude = k == n_loops
         body = prelude if in_prelude else loops[k]
-        stack = [(value, False)]
-        while stack:
-            v, operands_done = stack.pop()
-            if v in defined[k] or (not s.is_col[v] and not in_prelude):
-                continue  # row values are defined in the row segments
+
+        def read(v):
+            """The statement that reads v in this loop, or None where it is computed."""
             if v in input_index:
-                body.append(Load(_v(v), input_index[v], types[v].dtype))
-            elif v in s.hoisted and not in_prelude:
-                body.append(BufLoad(_v(v), _v(v), types[v].dtype, "h"))
-            elif v in s.buffered and s.phase[v] < k:
-                body.append(BufLoad(_v(v), _v(v), types[v].dtype))
-            elif not operands_done:
-                stack.append((v, True))
-                stack.extend((i, False) for i in reversed(ops[v].inputs))
-                continue
-            else:
-                body.append(_compute(ops[v], tuple(_v(i) for i in ops[v].inputs), types))
+                return Load(value_name(v), input_index[v], types[v].dtype)
+            if v in s.hoisted and not in_prelude:
+                return BufLoad(value_name(v), value_name(v), types[v].dtype, "h")
+            if v in s.buffered and s.phase[v] < k:
+                return BufLoad(value_name(v), value_name(v), types[v].dtype)
+            return None
+
+        def skip(v):  # defined here already, or a row value (the row segments define it)
+            return v in defined[k] or (not s.is_col[v] and not in_prelude)
+
+        for v in operands_first(value, ops, skip, lambda v: read(v) is not None):
+            body.append(read(v) or compute(ops[v], types))
             defined[k].add(v)
-        return _v(value)
+        return value_name(value)
 
     for v in sorted(s.hoisted, key=list(ops).index):
         emit_col(v, n_loops)
-        prelude.append(BufStore(_v(v), types[v].dtype, "h"))
+        prelude.append(BufStore(value_name(v), types[v].dtype, "h"))
 
     outputs = {o: len(c.inputs) + j for j, o in enumerate(c.outputs)}
     for op in c.ops:
         if op.name in s.reductions:
             k = s.phase[op.inputs[0]]
             src = emit_col(op.inputs[0], k)
-            accs[k].append(Accumulate(_v(op.name), op.prim, src, op.type.dtype))
-            segments[k + 1].append(Finish(_v(op.name), op.prim, op.type.dtype))
+            accs[k].append(Accumulate(value_name(op.name), op.prim, src, op.type.dtype))
+            segments[k + 1].append(Finish(value_name(op.name), op.prim, op.type.dtype))
         elif op.name in s.hoisted:
             pass  # computed in the prelude; loops read it where they need it
         elif s.is_col[op.name]:
@@ -233,12 +231,11 @@ def lower(s: Schedule, lanes: int = 0) -> Kernel:
             if op.name in outputs or op.name in s.buffered:
                 emit_col(op.name, k)
             if op.name in s.buffered:
-                loops[k].append(BufStore(_v(op.name), op.type.dtype))
+                loops[k].append(BufStore(value_name(op.name), op.type.dtype))
         else:
-            args = tuple(_v(i) for i in op.inputs)
-            segments[s.phase[op.name]].append(_compute(op, args, types))
+            segments[s.phase[op.name]].append(compute(op, types))
         if op.name in outputs:
-            stmt = Store(outputs[op.name], _v(op.name), op.type.dtype)
+            stmt = Store(outputs[op.name], value_name(op.name), op.type.dtype)
             if s.is_col[op.name]:
                 stores[s.phase[op.name]].append(stmt)
             else:
@@ -253,15 +250,37 @@ def lower(s: Schedule, lanes: int = 0) -> Kernel:
         group_extents=[g.axes for g in s.groups], static_extents=list(s.static_extent),
         col_groups=col_groups,
         row_groups=row_groups, tiled=s.tiled, segments=segments, loops=loops,
-        accumulators=accs, buffers={_v(b): types[b].dtype for b in sorted(s.buffered)},
-        hoisted={_v(h): types[h].dtype for h in sorted(s.hoisted)}, prelude=prelude,
+        accumulators=accs, buffers={value_name(b): types[b].dtype for b in sorted(s.buffered)},
+        hoisted={value_name(h): types[h].dtype for h in sorted(s.hoisted)}, prelude=prelude,
         reduce_axes=tuple(sorted(s.col_axes)) if not s.tiled else (), lanes=lanes)
 
 
-def _v(name: str) -> str:
+def operands_first(value: str, ops: dict, skip, read):
+    """`value` and the values it needs, each after its operands (a post-order
+    walk with an explicit stack, so a long chain of ops does not reach
+    Python's recursion limit): values where `skip` holds are left out, and
+    the operands of those that `read` are not walked. `skip` is asked again
+    after each value the caller takes, so it may test what the caller has
+    defined."""
+    stack = [(value, False)]
+    while stack:
+        v, operands_done = stack.pop()
+        if skip(v):
+            continue
+        if operands_done or read(v):
+            yield v
+        else:
+            stack.append((v, True))
+            stack.extend((i, False) for i in reversed(ops[v].inputs))
+
+
+def value_name(name: str) -> str:
+    """The name of a cluster value in kernel IR (and in the printed code)."""
     return "v_" + name
 
 
-def _compute(op: ir.Op, args: tuple, types) -> Compute:
+def compute(op: ir.Op, types) -> Compute:
+    """The statement that computes `op` from its operands' values."""
     arg_dtype = types[op.inputs[-1]].dtype if op.inputs else op.type.dtype
-    return Compute(_v(op.name), op.prim, args, op.type.dtype, arg_dtype, op.attrs)
+    return Compute(value_name(op.name), op.prim, tuple(value_name(i) for i in op.inputs),
+                   op.type.dtype, arg_dtype, op.attrs)

@@ -206,18 +206,10 @@ def _forward_pairs(parts, schedules) -> list:
 
 def _shape_fn(cluster, parts, body, ext_at, items_at, chunks_at, export) -> str:
     """`body[p]`: the number of the shape function part p runs."""
-    in_offset, off = [], 0
-    for _, t in cluster.inputs:
-        in_offset.append(off)
-        off += t.rank
     types = cluster.types()
-    out_offset, off = [], 0
-    for o in cluster.outputs:
-        out_offset.append(off)
-        off += types[o].rank
-    lines = [f"{export} {shape_fn.SHAPE_FN_ATTRIBUTES} int fs_shape(const int64_t* in_dims, "
-             "int64_t* out_dims, int64_t* ext, "
-             "int64_t* work, char* err, int64_t errlen) {",
+    in_offset = shape_fn.dim_offsets(t for _, t in cluster.inputs)
+    out_offset = shape_fn.dim_offsets(types[o] for o in cluster.outputs)
+    lines = [shape_fn.shape_fn_head(export),
              f"  int64_t cost[{len(parts)}], total = 0;"]
     for p, part in enumerate(parts):
         sub = part.cluster
@@ -264,8 +256,7 @@ def _shape_fn(cluster, parts, body, ext_at, items_at, chunks_at, export) -> str:
 
 def _run_fn(cluster, parts, body, ext_at, items_at, chunks_at, export) -> str:
     """`body[p]`: the number of the run function part p runs (as in _shape_fn)."""
-    lines = [f"{export} void fs_run(int64_t begin, int64_t end, const int64_t* ext, "
-             "void* const* bufs) {",
+    lines = [printer.block_function(export),
              "  int64_t first = 0;  // the pack's first item (chunk) of the part"]
     for p, part in enumerate(parts):
         bufs = [f"bufs[{i}]" for i in part.inputs]

@@ -1,8 +1,12 @@
 """One printer from kernel IR to source text; targets differ only in tables.
 
-Targets are the `Target` tables `CPP` and `CUDA`; the CUDA kernel's
-structure (threads, barriers, shuffles) is printed by codegen/gpu_printer.py
-through this printer's statements.
+Targets are the `Target` tables `CPP` and `CUDA`: storage types, math
+functions, how 16-bit floats load, store and round, streaming stores and the
+GPU's sync points; the printers read them and test no target by name. The
+CUDA kernel's structure (threads, barriers, shuffles) is printed by
+codegen/gpu_printer.py through this printer's statements. Facts about
+primitives and dtypes that the cost models share (compute dtypes, NaN flags,
+accumulator types) are in codegen/primitives.py.
 
 `print_kernel(kernel, CPP)` gives the C++ block function of docs/KERNEL_ABI.md:
 each work item is a row; each column loop is a `#pragma omp simd` loop that GCC
@@ -26,14 +30,18 @@ from typing import Dict, List
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.codegen import kernel_ir as k
+from tf_fusionstitch.codegen import primitives as p
 from tf_fusionstitch.codegen.cuda_prelude import CUDA_PRELUDE
-from tf_fusionstitch.codegen.vecmath import CPP_PRELUDE
+from tf_fusionstitch.codegen.vecmath import CPP_PRELUDE, FLOAT32_FUNCTIONS
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE as TILE
 
-STORAGE = {"float32": "float", "float64": "double", "float16": "_Float16",
-           "bfloat16": "uint16_t", "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
-COMPUTE = {"float32": "float", "float64": "double", "float16": "float",
-           "bfloat16": "float", "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
+# C type of each dtype a value computes in (primitives.COMPUTE_DTYPE), the
+# same on every target; how 16-bit floats are stored is the target's.
+_C_TYPE = {"float32": "float", "float64": "double", "int32": "int32_t", "int64": "int64_t",
+           "bool": "bool"}
+COMPUTE = {d: _C_TYPE[p.COMPUTE_DTYPE[d]] for d in ir.DTYPES}
+# NaN flags (primitives.NAN_REDUCTIONS) and truth-value accumulators.
+FLAG_TYPE = "int"
 
 
 def operand_class(dtype: str) -> str:
@@ -51,12 +59,30 @@ class Target:
     export: str                 # prefix of an exported C function
     simd_pragma: str            # before a vectorisable column loop ({clauses} filled in)
     math: Dict[str, tuple]      # function -> (float32 name, float64 name)
+    storage: Dict[str, str]     # dtype -> C type of a tensor's element
+    # 16-bit floats (primitives.HALF_DTYPES), per dtype a template of {}:
+    load_16bit: Dict[str, str]   # a stored element as float
+    store_16bit: Dict[str, str]  # a float as the stored element
+    round_16bit: Dict[str, str]  # a float rounded to the dtype, as float (a cast to it)
     limits: str = "std::numeric_limits"  # class template giving infinity(), quiet_NaN(), ...
+    # A cast from one 16-bit float to float16 first rounds its source to the
+    # source's type (as every other cast from a 16-bit float does). CUDA's
+    # kernels have never done that for bfloat16 -> float16; kept so as not to
+    # change them here.
+    round_source_to_float16: bool = True
+    # Large float32 outputs are stored with streaming (non-temporal) stores
+    # (the prelude's FS_STREAM_LANES, fs_stream_f32 and fs_stream_min_bytes).
+    streaming_stores: bool = False
     # GPU targets only (codegen/gpu_printer.py):
     shared: str = ""            # prefix of a block's shared-memory array
     barrier: str = ""           # block-wide barrier statement
     shuffle_xor: str = ""       # warp exchange: {v} value, {off} lane mask
     unroll_pragma: str = ""     # before a loop of static trip count to unroll fully
+    pointer_qualifier: str = ""  # after the * of a kernel's tensor parameter
+    launch_bounds: str = ""     # before the kernel's name: {threads} per block
+    thread_index: str = ""      # the thread's index in its block
+    block_index: str = ""       # the block's index in the grid
+    guard_exit: str = ""        # a thread leaves the kernel unless {cond}
 
 
 CPP = Target(
@@ -123,16 +149,24 @@ static inline int fs_fail(char* err, int64_t n, const char* msg) {
     simd_pragma="#pragma omp simd{clauses}",
     # GCC/Clang builtins rather than <cmath>: parsing <cmath> was 40% of a
     # kernel's compile time, and the builtins compile to the same code.
+    # float32: vecmath.py's vectorisable functions where it has one.
     math={
-        "exp": ("fs_expf", "__builtin_exp"), "log": ("fs_logf", "__builtin_log"),
-        "log1p": ("fs_log1pf", "__builtin_log1p"), "expm1": ("fs_expm1f", "__builtin_expm1"),
-        "tanh": ("fs_tanhf", "__builtin_tanh"), "sigmoid": ("fs_sigmoidf", "fs_sigmoid"),
-        "softplus": ("fs_softplusf", "fs_softplus"),
-        "erf": ("fs_erff", "__builtin_erf"), "erfc": ("fs_erfcf", "__builtin_erfc"),
+        **{fn: (f32, f"__builtin_{fn}") for fn, f32 in FLOAT32_FUNCTIONS.items()
+           if fn != "sigmoid"},
+        "sigmoid": ("fs_sigmoidf", "fs_sigmoid"), "softplus": ("fs_softplusf", "fs_softplus"),
         **{fn: (f"__builtin_{fn}f", f"__builtin_{fn}")
            for fn in ("sin", "cos", "sqrt", "floor", "ceil", "pow", "fabs")},
         "round": ("__builtin_nearbyintf", "__builtin_nearbyint"),
     },
+    # float16 is GCC's _Float16, whose conversions round to nearest even;
+    # bfloat16 is its bits, converted by vecmath.py's helpers.
+    storage={"float32": "float", "float64": "double", "float16": "_Float16",
+             "bfloat16": "uint16_t", "int32": "int32_t", "int64": "int64_t", "bool": "bool"},
+    load_16bit={"float16": "static_cast<float>({})", "bfloat16": "fs_bf16_to_f32({})"},
+    store_16bit={"float16": "static_cast<_Float16>({})", "bfloat16": "fs_f32_to_bf16({})"},
+    round_16bit={"float16": "static_cast<float>(static_cast<_Float16>({}))",
+                 "bfloat16": "fs_bf16_to_f32(fs_f32_to_bf16(static_cast<float>({})))"},
+    streaming_stores=True,
 )
 
 # Accurate CUDA math functions only (no __expf-style intrinsics): their
@@ -149,11 +183,27 @@ CUDA = Target(
         "sigmoid": ("fs_sigmoidf", "fs_sigmoid"), "softplus": ("fs_softplusf", "fs_softplus"),
         "round": ("rintf", "rint"),  # half to even, as TensorFlow's Round
     },
+    # Device code has no _Float16: float16 is its bits too, converted by the
+    # prelude's helpers (cuda_prelude.py); bfloat16 as on the C++ target.
+    storage={**CPP.storage, "float16": "uint16_t"},
+    load_16bit={**CPP.load_16bit, "float16": "fs_f16_to_f32({})"},
+    store_16bit={**CPP.store_16bit, "float16": "fs_f32_to_f16({})"},
+    round_16bit={**CPP.round_16bit,
+                 "float16": "fs_f16_to_f32(fs_f32_to_f16(static_cast<float>({})))"},
+    round_source_to_float16=False,
     limits="fs_limits",
     shared="__shared__ ",
     barrier="__syncthreads();",
     shuffle_xor="__shfl_xor_sync(0xffffffffu, {v}, {off})",
     unroll_pragma="#pragma unroll",
+    # Tensors never alias (CudaKernel allocates every output; nothing forwards
+    # an input buffer on the GPU): read-only loads may then go through the
+    # non-coherent cache and be reordered past the stores.
+    pointer_qualifier="__restrict__ ",
+    launch_bounds="__launch_bounds__({threads}) ",
+    thread_index="threadIdx.x",
+    block_index="blockIdx.x",
+    guard_exit="if (!({cond})) return;",
 )
 
 # SELU constants as TensorFlow defines them.
@@ -263,15 +313,14 @@ def _literal(value, dtype: str, limits: str = "std::numeric_limits") -> str:
     return f"({t}){value!r}"
 
 
-def expression(st: k.Compute, target: Target, cast_fn=None) -> str:
-    """The expression of one compute statement for `target`; `cast_fn`
-    prints casts (default: `cast`)."""
+def expression(st: k.Compute, target: Target) -> str:
+    """The expression of one compute statement for `target`."""
     cls = operand_class(st.arg_dtype)
     if st.prim == "const":
         return _literal(dict(st.attrs)["value"], st.dtype, target.limits)
     if st.prim == "cast":
-        return (cast_fn or cast)(st.args[0], st.arg_dtype, st.dtype)
-    if st.prim in ir.REDUCE or st.prim in ir.SHAPE_ONLY + ir.MOVE:
+        return cast(st.args[0], st.arg_dtype, st.dtype, target)
+    if st.prim in ir.REDUCE or st.prim in p.FREE:
         return st.args[0]  # reduce over size-1 dims, reshape, broadcast, transpose: the
         # tensors' strides do the indexing
     tmpl = _EXPR[st.prim]
@@ -285,36 +334,28 @@ def expression(st: k.Compute, target: Target, cast_fn=None) -> str:
     return out.format(*st.args)
 
 
-def cast(src: str, frm: str, to: str) -> str:
-    if frm in ("float16", "bfloat16") and frm != to:
+def cast(src: str, frm: str, to: str, target: Target) -> str:
+    """`src`, computed as `frm`, cast to `to` (both compute-type values)."""
+    if frm in p.HALF_DTYPES and frm != to and (
+            to != "float16" or target.round_source_to_float16):
         # A 16-bit value computed here is a float32; TF would have stored
         # (rounded) it in its type before the cast: round it first.
-        src = cast(src, "float32", frm)
+        src = target.round_16bit[frm].format(src)
     if to == "bool":
         return f"({src} != 0)"
-    if to == "float16":  # round as TensorFlow would, then compute in float
-        return f"static_cast<float>(static_cast<_Float16>({src}))"
-    if to == "bfloat16":
-        return f"fs_bf16_to_f32(fs_f32_to_bf16(static_cast<float>({src})))"
+    if to in p.HALF_DTYPES:  # round as TensorFlow would, then compute in float
+        return target.round_16bit[to].format(src)
     return f"static_cast<{COMPUTE[to]}>({src})"
 
 
-def load_value(raw: str, dtype: str) -> str:
+def load_value(raw: str, dtype: str, target: Target) -> str:
     """A stored element (`raw`, e.g. t0[i]) as its compute type."""
-    if dtype == "bfloat16":
-        return f"fs_bf16_to_f32({raw})"
-    if dtype == "float16":
-        return f"static_cast<float>({raw})"
-    return raw
+    return target.load_16bit[dtype].format(raw) if dtype in p.HALF_DTYPES else raw
 
 
-def store_value(src: str, dtype: str) -> str:
+def store_value(src: str, dtype: str, target: Target) -> str:
     """A computed value in its storage type."""
-    if dtype == "bfloat16":
-        return f"fs_f32_to_bf16({src})"
-    if dtype == "float16":
-        return f"static_cast<_Float16>({src})"
-    return src
+    return target.store_16bit[dtype].format(src) if dtype in p.HALF_DTYPES else src
 
 
 class KernelPrinter:
@@ -345,22 +386,13 @@ class KernelPrinter:
 
     # -- expressions -------------------------------------------------------
     def expr(self, st: k.Compute) -> str:
-        return expression(st, self.t, self.cast)
-
-    def cast(self, src: str, frm: str, to: str) -> str:
-        """A cast in the compute types (the CUDA printer rounds float16 its own way)."""
-        if frm in ("float16", "bfloat16") and frm != to:
-            # A 16-bit value computed here is a float32; TF would have stored
-            # (rounded) it in its type before the cast: round it first.
-            src = self.cast(src, "float32", frm)
-        return cast(src, frm if frm not in ("float16", "bfloat16") else "float32", to)
+        return expression(st, self.t)
 
     def load(self, tensor: int, dtype: str, index: str) -> str:
-        return load_value(f"t{tensor}[{index}]", dtype)
+        return load_value(f"t{tensor}[{index}]", dtype, self.t)
 
-    @staticmethod
-    def store_value(src: str, dtype: str) -> str:
-        return store_value(src, dtype)
+    def store_value(self, src: str, dtype: str) -> str:
+        return store_value(src, dtype, self.t)
 
     # -- indexing ----------------------------------------------------------
     def index(self, tensor: int, in_loop: bool) -> str:
@@ -410,7 +442,7 @@ class KernelPrinter:
         if dst in self.row_arrays:
             self.emit(f"{dst}[l] = {value};", indent)
         else:
-            self.emit(f"const {COMPUTE[dtype]} {dst} = {value};", indent)
+            self.emit(definition(dst, dtype, value), indent)
 
     def buffer_index(self, pool: str) -> str:
         # a row's buffer holds every lane's column (the hoisted pool does not vary by row)
@@ -431,33 +463,29 @@ class KernelPrinter:
             return []
         return [a for a in accs if a.kind in _BLOCKED_SUMS and a.dtype in _BLOCKED_DTYPES]
 
-    def acc_type(self, dtype: str, kind: str) -> str:
-        if kind in ("reduce_any", "reduce_all"):
-            return "int"
-        if kind == "reduce_mean" and dtype == "int32":
-            return "int64_t"  # TF's int32 mean does not wrap in its sum
-        return COMPUTE[dtype]
+    @staticmethod
+    def acc_type(dtype: str, kind: str) -> str:
+        if kind in p.FLAG_REDUCTIONS:
+            return FLAG_TYPE
+        return COMPUTE[p.accumulator_dtype(kind, dtype)]
 
     def init_acc(self, acc: k.Accumulate, indent: int) -> None:
         ident, _, _ = REDUCTIONS[acc.kind]
         t = self.acc_type(acc.dtype, acc.kind)
-        flag = False
-        if ident in ("lowest", "highest"):
-            floating = acc.dtype in ir.FLOAT_DTYPES
-            if floating:
-                ident = ("-" if ident == "lowest" else "") + f"{self.t.limits}<{t}>::infinity()"
-                flag = True
-            else:
-                ident = f"{self.t.limits}<{t}>::{'lowest' if ident == 'lowest' else 'max'}()"
+        flag = p.tracks_nan(acc)
+        if flag:
+            ident = ("-" if ident == "lowest" else "") + f"{self.t.limits}<{t}>::infinity()"
+        elif ident in ("lowest", "highest"):
+            ident = f"{self.t.limits}<{t}>::{'lowest' if ident == 'lowest' else 'max'}()"
         if self.lanes:  # one accumulator (and NaN flag) per lane
             if flag:
-                self.emit(f"int n_{acc.acc}[{self.lanes}];", indent)
+                self.emit(f"{FLAG_TYPE} n_{acc.acc}[{self.lanes}];", indent)
             self.emit(f"{t} a_{acc.acc}[{self.lanes}];", indent)
             self.emit(f"for (int64_t l = 0; l < {self.lanes}; ++l) {{ a_{acc.acc}[l] = {ident};"
                       + (f" n_{acc.acc}[l] = 0;" if flag else "") + " }", indent)
             return
         if flag:
-            self.emit(f"int n_{acc.acc} = 0;", indent)
+            self.emit(f"{FLAG_TYPE} n_{acc.acc} = 0;", indent)
         self.emit(f"{t} a_{acc.acc} = {ident};", indent)
 
     def finished_value(self, st: k.Finish, lane: str) -> str:
@@ -468,14 +496,14 @@ class KernelPrinter:
         if st.dst in self.totals:   # rounded once from the double total
             count = " / (double)count_r" if st.kind == "reduce_mean" else ""
             return f"static_cast<{t}>(d_{st.dst}{lane}{count})"
-        if st.kind in ("reduce_max", "reduce_min") and st.dtype in ir.FLOAT_DTYPES:
+        if p.tracks_nan(st):
             value = f"(n_{st.dst}{lane} ? {self.t.limits}<{t}>::quiet_NaN() : {value})"
         elif st.kind == "reduce_mean":
             if st.dtype in ir.INT_DTYPES:
                 value = f"(count_r ? ({t})({value} / ({t})count_r) : ({t})0)"
             else:
                 value = f"({value} / ({t})count_r)"
-        elif st.kind in ("reduce_any", "reduce_all"):
+        elif st.kind in p.FLAG_REDUCTIONS:
             value = f"({value} != 0)"
         return value
 
@@ -509,19 +537,35 @@ class KernelPrinter:
         if kr.tiled and kr.col_groups:
             e(f"const int64_t n_tiles = (n_cols + {TILE} - 1) / {TILE};", indent)
 
+    # -- a work item's row (the C++ loop nest and the GPU body) --------------
+    @staticmethod
+    def row_indices(rows, whole_outermost: bool) -> List[tuple]:
+        """(group, definition) of the row index i<g> of each of the groups
+        `rows`, innermost first, taken from the item's number r; with
+        `whole_outermost` the outermost takes all that is left of r."""
+        return [(g, f"const int64_t i{g} = r;" if whole_outermost and g == rows[0] else
+                 f"const int64_t i{g} = r % g{g}; r /= g{g};") for g in reversed(rows)]
+
+    def row_offset(self, tensor: int, rows) -> str:
+        """Element offset of a tensor at the row indices i<g> of the groups `rows`."""
+        return " + ".join(f"i{g} * s{tensor}_{g}" for g in self.k.tensors[tensor].groups
+                          if g in rows) or "0"
+
+    def zero_offsets(self, indent: int) -> None:
+        """Row offsets of the hoisted prelude, which does not vary by row."""
+        for i in range(len(self.k.tensors)):
+            self.emit(f"const int64_t o{i} = 0;", indent)
+
     # -- kernel ------------------------------------------------------------
     def kernel(self) -> str:
         kr = self.k
         e = self.emit
-        e(f"{self.linkage} void {self.symbol}(int64_t begin, int64_t end, const int64_t* ext, "
-          "void* const* bufs) {", 0)
-        for i, tn in enumerate(kr.tensors):
-            st = STORAGE[tn.dtype]
-            const = "" if tn.is_output else "const "
-            e(f"{const}{st}* t{i} = static_cast<{const}{st}*>(bufs[{i}]);", 1)
+        e(block_function(self.linkage, self.symbol), 0)
+        for line in tensor_pointers([(tn.dtype, tn.is_output) for tn in kr.tensors], self.t):
+            e(line, 1)
         self.declare_extents(1)
-        self.streaming = self.t.name == "cpp" and any(self.streamed(kr.loops[k], kr.accumulators[k])
-                                                      for k in range(len(kr.loops)))
+        self.streaming = self.t.streaming_stores and any(
+            self.streamed(kr.loops[k], kr.accumulators[k]) for k in range(len(kr.loops)))
         if self.streaming:
             sizes = [" * ".join(f"g{g}" for g in tn.groups) or "1"
                      for tn in kr.tensors if tn.is_output and tn.dtype == "float32"]
@@ -533,8 +577,7 @@ class KernelPrinter:
                 e(f"{COMPUTE[dtype]}* {pool}_{b} = new {COMPUTE[dtype]}"
                   f"[n_cols > 0 ? n_cols{per_col} : 1];", 1)
         if kr.prelude:  # hoisted values: once per call, not per row; no row offsets
-            for i in range(len(kr.tensors)):
-                e(f"const int64_t o{i} = 0;", 1)
+            self.zero_offsets(1)
             lanes, self.lanes = self.lanes, 0  # the prelude does not vary by row
             self.loop(kr.prelude, [], 1, False)
             self.lanes = lanes
@@ -546,21 +589,19 @@ class KernelPrinter:
         e("for (int64_t item = begin; item < end; ++item) {", 1)
         e("int64_t r = item;", 2)
         if kr.tiled and kr.col_groups:
-            e("const int64_t tile = r % n_tiles; r /= n_tiles;", 2)
+            e(ITEM_TILE, 2)
         if self.lanes:
             gl, n = self.lane_group, self.lanes
             e(f"const int64_t l0 = (r % n_blocks) * {n}; r /= n_blocks;", 2)
             e(f"const int64_t nl = g{gl} - l0 < {n} ? g{gl} - l0 : {n};", 2)
             for name in sorted(self.row_arrays, key=lambda v: v):
                 e(f"{self.row_array_type(name)} {name}[{n}];", 2)
-        for g in reversed(rows):
-            # The outermost group needs no division: item < work, so r < g there.
-            e(f"const int64_t i{g} = r;" if g == rows[0] else
-              f"const int64_t i{g} = r % g{g}; r /= g{g};", 2)
+        # The outermost group needs no division: item < work, so r < g there.
+        for _, line in self.row_indices(rows, whole_outermost=True):
+            e(line, 2)
         e("(void)r;", 2)
-        for i, tn in enumerate(kr.tensors):
-            terms = [f"i{g} * s{i}_{g}" for g in tn.groups if g in rows]
-            e(f"const int64_t o{i} = " + (" + ".join(terms) or "0") + f"; (void)o{i};", 2)
+        for i in range(len(kr.tensors)):
+            e(f"const int64_t o{i} = {self.row_offset(i, rows)}; (void)o{i};", 2)
         for seg in range(len(kr.segments)):
             if self.lanes and kr.segments[seg]:
                 e("for (int64_t l = 0; l < nl; ++l) {", 2)
@@ -619,7 +660,7 @@ class KernelPrinter:
             lo, hi = "0", f"g{g}"
             if innermost and tiled:
                 lo = f"tile * {TILE}"
-                hi = f"(g{g} - {lo} < {TILE} ? g{g} : {lo} + {TILE})"
+                hi = f"({bounded_end(lo, TILE, f'g{g}')})"
             if innermost:
                 streamed = self.streamed(stmts, accs) if self.streaming else []
                 if streamed:
@@ -652,7 +693,7 @@ class KernelPrinter:
         too); returns the bounds of the piece the loop runs."""
         e = self.emit
         e(f"for (int64_t cb{g} = {lo}; cb{g} < {hi};) {{", indent)
-        e(f"const int64_t ce{g} = {hi} - cb{g} < fs_left ? {hi} : cb{g} + fs_left;", indent + 1)
+        e(f"const int64_t ce{g} = {bounded_end(f'cb{g}', 'fs_left', hi)};", indent + 1)
         return f"cb{g}", f"ce{g}"
 
     def close_block(self, g: int, blocked: list, indent: int) -> int:
@@ -773,18 +814,60 @@ class KernelPrinter:
             self.stmt(st, indent, True)
         lane = "[l]" if self.lanes else ""
         for a in accs:
-            _, update, _ = REDUCTIONS[a.kind]
             src = self.ref(a.src)
-            self.emit(update.format(a=f"a_{a.acc}{lane}", x=src), indent)
-            if a.kind in ("reduce_max", "reduce_min") and a.dtype in ir.FLOAT_DTYPES:
-                self.emit(f"n_{a.acc}{lane} |= ({src} != {src});", indent)
+            for step in fold_into(a, src, f"({src} != {src})", lane):
+                self.emit(step, indent)
 
-    def clause(self, a: k.Accumulate) -> str:
+    @staticmethod
+    def clause(a: k.Accumulate) -> str:
         _, _, op = REDUCTIONS[a.kind]
         out = f" reduction({op}:a_{a.acc})"
-        if a.kind in ("reduce_max", "reduce_min") and a.dtype in ir.FLOAT_DTYPES:
+        if p.tracks_nan(a):
             out += f" reduction(|:n_{a.acc})"
         return out
+
+
+def definition(dst: str, dtype: str, value: str) -> str:
+    """A value's definition in its compute type."""
+    return f"const {COMPUTE[dtype]} {dst} = {value};"
+
+
+def bounded_end(lo: str, step, n: str) -> str:
+    """The end of the range of `step` from `lo`, or `n` where that comes first
+    (a tile, a block of a sum, a split row's slice)."""
+    return f"{n} - {lo} < {step} ? {n} : {lo} + {step}"
+
+
+# The tile of the row's columns that a tiled kernel's item runs.
+ITEM_TILE = "const int64_t tile = r % n_tiles; r /= n_tiles;"
+
+
+def fold_into(a: k.Accumulate, value: str, nan: str, lane: str = "") -> List[str]:
+    """Statements that fold `value` into the accumulator a_<acc> of reduction
+    `a` and, where it tracks NaN, the truth value `nan` into its flag n_<acc>
+    (`lane`: "[l]" in a lane-blocked kernel). Columns into a row's
+    accumulator, and on the GPU other threads' or slices' partials."""
+    steps = [REDUCTIONS[a.kind][1].format(a=f"a_{a.acc}{lane}", x=value)]
+    if p.tracks_nan(a):
+        steps.append(f"n_{a.acc}{lane} |= {nan};")
+    return steps
+
+
+def block_function(linkage: str, symbol: str = "fs_run") -> str:
+    """The first line of a block function (docs/KERNEL_ABI.md, fs_run)."""
+    return (f"{linkage} void {symbol}(int64_t begin, int64_t end, const int64_t* ext, "
+            "void* const* bufs) {")
+
+
+def tensor_pointers(tensors, target: Target) -> List[str]:
+    """A block function's typed pointers t<i> into `bufs`; `tensors`: (dtype,
+    is an output) per buffer, in ABI order (inputs read-only)."""
+    out = []
+    for i, (dtype, is_output) in enumerate(tensors):
+        st = target.storage[dtype]
+        const = "" if is_output else "const "
+        out.append(f"{const}{st}* t{i} = static_cast<{const}{st}*>(bufs[{i}]);")
+    return out
 
 
 def print_kernel(kernel: k.Kernel, target: Target = CPP, symbol: str = "fs_run",

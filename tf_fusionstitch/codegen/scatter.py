@@ -135,7 +135,7 @@ def generate_scatter_cpp(cluster: ir.Cluster) -> str:
     pieces = [printer.headers(target),
               shape_fn.format_meta(c, n_ext, [], target.export),
               _shape_fn(form, target.export),
-              _check_fn(form, target.export),
+              _check_fn(form, target),
               _run_fn(form, out_dtype, target),
               ""]
     return "\n".join(pieces)
@@ -165,13 +165,9 @@ def _shape_fn(form: ScatterForm, export: str) -> str:
     c = form.cluster
     out_dtype = [c.types()[o].dtype for o in c.outputs]
     cols = form.rows.types()[form.summed[0]].shape[1]
-    lines = [f"{export} {shape_fn.SHAPE_FN_ATTRIBUTES} int fs_shape(const int64_t* in_dims, "
-             "int64_t* out_dims, int64_t* ext, "
-             "int64_t* work, char* err, int64_t errlen) {", "  char msg[512];"]
-    offsets, off = {}, 0
-    for name, t in c.inputs:
-        offsets[name] = off
-        off += t.rank
+    lines = [shape_fn.shape_fn_head(export), "  char msg[512];"]
+    offsets = dict(zip((name for name, _ in c.inputs),
+                       shape_fn.dim_offsets(t for _, t in c.inputs)))
     lines.append(f"  const int64_t n_rows = in_dims[{offsets[form.ids]}];")
     col_source = next(((n, t.rank - 1) for n, t in c.inputs
                        if n != form.ids and t.rank and t.shape[-1] is None), None)
@@ -191,11 +187,8 @@ def _shape_fn(form: ScatterForm, export: str) -> str:
         shown = ", ".join("%lld" for _ in want)
         got = ", ".join(f"(long long)in_dims[{offsets[name] + d}]" for d in range(len(want)))
         exp = ", ".join(f"(long long){w}" for w in want)
-        lines += [f"  if ({cond}) {{",
-                  f'    std::snprintf(msg, sizeof msg, "Incompatible shapes: FusionStitch input '
-                  f'{number} ({name}) has shape [{shown}] where [{shown}] is required (the '
-                  f'rows of a segment sum and their ids)", {got}, {exp});',
-                  "    return fs_fail(err, errlen, msg);", "  }"]
+        lines += shape_fn.shape_error(cond, f"{number} ({name})", shown,
+                                      "the rows of a segment sum and their ids", f"{got}, {exp}")
     segments = form.num_segments
     per_element = shape_fn.element_cost(_row_statements(form))
     lines += [f"  const int64_t n_segments = {segments};",
@@ -219,12 +212,12 @@ def _shape_fn(form: ScatterForm, export: str) -> str:
     return "\n".join(lines)
 
 
-def _check_fn(form: ScatterForm, export: str) -> str:
+def _check_fn(form: ScatterForm, target) -> str:
     """Ids past the last segment are TF's InvalidArgument, before any write."""
     i = _input_index(form)[form.ids]
-    ids_t = printer.STORAGE[dict(form.cluster.inputs)[form.ids].dtype]
+    ids_t = target.storage[dict(form.cluster.inputs)[form.ids].dtype]
     return "\n".join([
-        f"{export} int fs_check_inputs(const int64_t* ext, void* const* bufs, char* err, "
+        f"{target.export} int fs_check_inputs(const int64_t* ext, void* const* bufs, char* err, "
         "int64_t errlen) {",
         f"  const {ids_t}* ids = static_cast<const {ids_t}*>(bufs[{i}]);",
         "  for (int64_t r = 0; r < ext[0]; ++r) {",
@@ -250,41 +243,19 @@ def _row_statements(form: ScatterForm) -> List:
     body: List = []
     defined = set()
     for value in form.summed:
-        stack = [(value, False)]
-        while stack:   # operands first, without recursion
-            v, done = stack.pop()
-            if v in defined:
-                continue
-            if v in index:
-                body.append(k.Load(k_name(v), index[v], types[v].dtype))
-            elif not done:
-                stack.append((v, True))
-                stack.extend((i, False) for i in reversed(ops[v].inputs))
-                continue
-            else:
-                op = ops[v]
-                arg_dtype = types[op.inputs[-1]].dtype if op.inputs else op.type.dtype
-                body.append(k.Compute(k_name(v), op.prim, tuple(k_name(i) for i in op.inputs),
-                                      op.type.dtype, arg_dtype, op.attrs))
+        for v in k.operands_first(value, ops, defined.__contains__, index.__contains__):
+            body.append(k.Load(k.value_name(v), index[v], types[v].dtype) if v in index
+                        else k.compute(ops[v], types))
             defined.add(v)
     return body
 
 
-def k_name(value: str) -> str:
-    return "v_" + value
-
-
 def _run_fn(form: ScatterForm, out_dtype: List[str], target) -> str:
     c = form.cluster
-    lines = [f"{target.export} void fs_run(int64_t begin, int64_t end, const int64_t* ext, "
-             "void* const* bufs) {"]
-    for i, (name, t) in enumerate(c.inputs):
-        st = printer.STORAGE[t.dtype]
-        lines.append(f"  const {st}* t{i} = static_cast<const {st}*>(bufs[{i}]);")
+    lines = [printer.block_function(target.export)]
+    tensors = [(t.dtype, False) for _, t in c.inputs] + [(d, True) for d in out_dtype]
+    lines += ["  " + line for line in printer.tensor_pointers(tensors, target)]
     n_in = len(c.inputs)
-    for j, dtype in enumerate(out_dtype):
-        st = printer.STORAGE[dtype]
-        lines.append(f"  {st}* t{n_in + j} = static_cast<{st}*>(bufs[{n_in + j}]);")
     ids = f"t{_input_index(form)[form.ids]}"
     lines += ["  const int64_t n_rows = ext[0], n_cols = ext[1], n_segments = ext[2];",
               "  const int64_t per_item = ext[3];",
@@ -292,9 +263,8 @@ def _run_fn(form: ScatterForm, out_dtype: List[str], target) -> str:
               "    const int64_t lo = item * per_item;",
               "    const int64_t hi = lo + per_item < n_segments ? lo + per_item : n_segments;"]
     for j, dtype in enumerate(out_dtype):
-        st = printer.STORAGE[dtype]
         lines.append(f"    std::memset(t{n_in + j} + lo * n_cols, 0, "
-                     f"(hi - lo) * n_cols * sizeof({st}));")
+                     f"(hi - lo) * n_cols * sizeof({target.storage[dtype]}));")
     lines += ["    for (int64_t r = 0; r < n_rows; ++r) {",
               f"      const int64_t s = static_cast<int64_t>({ids}[r]);",
               "      if (s < lo || s >= hi) continue;   // another item's, or dropped (< 0)",
@@ -304,15 +274,15 @@ def _run_fn(form: ScatterForm, out_dtype: List[str], target) -> str:
         if isinstance(st, k.Load):
             name, t = c.inputs[st.tensor]
             where = _element_index(t)
-            value = printer.load_value(f"t{st.tensor}[{where}]", st.dtype)
-            lines.append(f"        const {printer.COMPUTE[st.dtype]} {st.dst} = {value};")
+            value = printer.load_value(f"t{st.tensor}[{where}]", st.dtype, target)
         else:
-            lines.append(f"        const {printer.COMPUTE[st.dtype]} {st.dst} = "
-                         f"{printer.expression(st, target)};")
+            value = printer.expression(st, target)
+        lines.append("        " + printer.definition(st.dst, st.dtype, value))
     for j, value in enumerate(form.summed):
         out = f"t{n_in + j}[s * n_cols + c]"
         dtype = out_dtype[j]
-        total = printer.store_value(f"{printer.load_value(out, dtype)} + {k_name(value)}", dtype)
+        total = printer.store_value(f"{printer.load_value(out, dtype, target)} + "
+                                    f"{k.value_name(value)}", dtype, target)
         lines.append(f"        {out} = {total};")
     lines += ["      }", "    }", "  }", "}"]
     return "\n".join(lines)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import List
 
 from tf_fusionstitch.codegen import kernel_ir as k
+from tf_fusionstitch.codegen.primitives import FREE
 from tf_fusionstitch.fusion_ir import DTYPE_BYTES, DTYPE_CODES, EXPENSIVE, MAX_META_COUNT
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE, Schedule, UnsupportedCluster
 
@@ -28,7 +29,6 @@ COST_SCALE = 64
 BYTE_COST = 11
 _LIGHT_COST = 8
 _EXPENSIVE_COST = 160
-_FREE = ("reshape", "broadcast_to", "transpose", "const")
 
 
 def element_cost(statements) -> int:
@@ -38,7 +38,7 @@ def element_cost(statements) -> int:
     for stmt in statements:
         if isinstance(stmt, (k.Load, k.Store, k.BufLoad, k.BufStore)):
             cost += BYTE_COST * DTYPE_BYTES[stmt.dtype]
-        elif isinstance(stmt, k.Compute) and stmt.prim not in _FREE:
+        elif isinstance(stmt, k.Compute) and stmt.prim not in FREE:
             cost += _EXPENSIVE_COST if stmt.prim in EXPENSIVE else _LIGHT_COST
         elif isinstance(stmt, k.Accumulate):
             cost += _LIGHT_COST
@@ -80,6 +80,35 @@ def format_meta(c, n_ext: int, forward, export: str) -> str:
 SHAPE_FN_ATTRIBUTES = '__attribute__((optimize("O1")))'
 
 
+def shape_fn_head(export: str, symbol: str = "fs_shape", extra_params: str = "") -> str:
+    """The first line of a shape function (docs/KERNEL_ABI.md, fs_shape)."""
+    return (f"{export} {SHAPE_FN_ATTRIBUTES} int {symbol}(const int64_t* in_dims, "
+            "int64_t* out_dims, int64_t* ext, "
+            f"int64_t* work, char* err, int64_t errlen{extra_params}) {{")
+
+
+def dim_offsets(types) -> List[int]:
+    """Where each tensor's dimensions start in a flat array of dimensions
+    (in_dims, out_dims), for `types` in order."""
+    out, off = [], 0
+    for t in types:
+        out.append(off)
+        off += t.rank
+    return out
+
+
+def shape_error(cond: str, which: str, shown: str, reason: str, args: str) -> List[str]:
+    """Lines that fail the shape function with TF's "Incompatible shapes" where
+    `cond` holds: input `which` has a shape, printed by the printf directives
+    `shown` from the first half of `args`, where the second half's is
+    required, for `reason`."""
+    return [f"  if ({cond}) {{",
+            f'    std::snprintf(msg, sizeof msg, "Incompatible shapes: FusionStitch input {which} '
+            f'has shape [{shown}] where [{shown}] is required ({reason})", {args});',
+            "    return fs_fail(err, errlen, msg);",
+            "  }"]
+
+
 def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str, symbol: str = "fs_shape",
                    caller_names_inputs: bool = False) -> str:
     """With `caller_names_inputs`, the function takes two more arguments, the
@@ -89,14 +118,8 @@ def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str, symbol: str = "fs
     c = s.cluster
     labels = ", const int64_t* in_numbers, const char* const* in_names" \
         if caller_names_inputs else ""
-    lines = [f"{export} {SHAPE_FN_ATTRIBUTES} int {symbol}(const int64_t* in_dims, "
-             "int64_t* out_dims, int64_t* ext, "
-             f"int64_t* work, char* err, int64_t errlen{labels}) {{",
-             "  char msg[512];"]
-    offsets, off = [], 0
-    for _, t in c.inputs:
-        offsets.append(off)
-        off += t.rank
+    lines = [shape_fn_head(export, symbol, labels), "  char msg[512];"]
+    offsets = dim_offsets(t for _, t in c.inputs)
     sources = {a: [] for a in range(s.num_axes)}
     for i, (name, t) in enumerate(c.inputs):
         for d, a in enumerate(s.dim_axes[name]):
@@ -134,15 +157,9 @@ def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str, symbol: str = "fs
             which, label = "%lld (%s)", f"(long long)in_numbers[{i}], in_names[{i}], "
         else:
             which, label = f"{i} ({name})", ""
-        lines += [
-            f"  if ({cond}) {{",
-            f'    std::snprintf(msg, sizeof msg, "Incompatible shapes: FusionStitch input {which} '
-            f'has shape [{shown}] where [{shown}] is required (dimensions that '
-            f'broadcasting ties together must agree; a dimension unknown when the function '
-            f'was optimized may not broadcast at run time)", {label}{got}, {exp});',
-            "    return fs_fail(err, errlen, msg);",
-            "  }",
-        ]
+        lines += shape_error(cond, which, shown, "dimensions that broadcasting ties together "
+                             "must agree; a dimension unknown when the function was optimized "
+                             "may not broadcast at run time", f"{label}{got}, {exp}")
     for a in range(s.num_axes):
         lines.append(f"  ext[{a}] = e{a};")
     for flag, (i, a) in enumerate(s.maybe_broadcast):

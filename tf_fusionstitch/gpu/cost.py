@@ -34,6 +34,7 @@ import math
 from typing import Optional, Union
 
 from tf_fusionstitch.codegen import kernel_ir as k
+from tf_fusionstitch.codegen import primitives
 from tf_fusionstitch.fusion_ir import DTYPE_BYTES, EXPENSIVE
 from tf_fusionstitch.gpu.occupancy import SM_LIMITS, SmLimits, blocks_per_sm
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE
@@ -124,9 +125,8 @@ UNROLLED_WORDS = 0.5
 UNROLLED_HEAVY_WORDS = 1.0
 
 _BYTES = DTYPE_BYTES
-# Compute type's width (16-bit floats compute in float32; printer.COMPUTE).
-_WORDS = {"float16": 1, "bfloat16": 1, "float32": 1, "float64": 2, "int32": 1, "int64": 2,
-          "bool": 1}
+# Compute type's width in registers (16-bit floats compute in float32).
+_WORDS = primitives.COMPUTE_WORDS
 
 
 def spec(gpu: Union[str, GpuSpec]) -> GpuSpec:
@@ -227,20 +227,11 @@ def slot_dtypes(kernel: k.Kernel) -> dict:
 
 
 def _compute(dtype: str) -> str:
-    return "float32" if dtype in ("float16", "bfloat16") else dtype
+    return primitives.COMPUTE_DTYPE[dtype]
 
 
-def _acc_bytes(a: k.Accumulate) -> int:
-    if a.kind in ("reduce_any", "reduce_all"):
-        return 4
-    if a.kind == "reduce_mean" and a.dtype == "int32":
-        return 8
-    return _BYTES[_compute(a.dtype)]
-
-
-def _tracks_nan(a: k.Accumulate) -> bool:
-    return a.kind in ("reduce_max", "reduce_min") and a.dtype in (
-        "float16", "bfloat16", "float32", "float64")
+_acc_bytes = primitives.accumulator_bytes
+_tracks_nan = primitives.tracks_nan
 
 
 # -- registers ---------------------------------------------------------------
@@ -342,7 +333,7 @@ def _reduction_cycles(accs, m) -> float:
 def _stmt_cycles(st, plan, cols: int, in_loop: bool, loop: int) -> float:
     m, kr = plan.mapping, plan.kernel
     if isinstance(st, k.Compute):
-        if st.prim in ("const", "reshape", "broadcast_to", "transpose"):
+        if st.prim in primitives.FREE:
             return 0.0
         width = 2 if _compute(st.dtype) in ("float64", "int64") or \
             _compute(st.arg_dtype) in ("float64", "int64") else 1

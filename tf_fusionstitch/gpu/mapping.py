@@ -42,6 +42,7 @@ import math
 from typing import Optional
 
 from tf_fusionstitch.codegen import kernel_ir
+from tf_fusionstitch.codegen.primitives import COMPUTE_BYTES, COMPUTE_WORDS
 from tf_fusionstitch.fusion_ir import EXPENSIVE
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE, Schedule
 
@@ -76,11 +77,6 @@ REGISTER_CACHE_WORDS = 24
 # A loop with a libm call unrolls into that many calls' temporaries; up to
 # this many columns per thread they still fit beside the cached values.
 HEAVY_CACHE_COLS = 8
-
-# Bytes of a value in its compute type (codegen/printer.py COMPUTE): 16-bit
-# floats compute, and are buffered, in float32.
-_COMPUTE_BYTES = {"float16": 4, "bfloat16": 4, "float32": 4, "float64": 8, "int32": 4,
-                  "int64": 8, "bool": 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +128,7 @@ def threshold_plan(s: Schedule) -> GpuPlan:
     dropped = []
     s, hoisted_bytes, why = fit_hoisted(s)
     dropped += why
-    row_bytes = sum(_COMPUTE_BYTES[types[v].dtype] for v in s.buffered) * (cols or 0)
+    row_bytes = sum(COMPUTE_BYTES[types[v].dtype] for v in s.buffered) * (cols or 0)
 
     if per_item is not None and per_item <= THREAD_ROW_MAX_COLS:
         kind, threads, row_choices = "thread", BLOCK_THREADS, (BLOCK_THREADS,)
@@ -158,7 +154,7 @@ def fit_hoisted(s: Schedule) -> tuple:
     take more than half the shared memory budget."""
     cols = static_cols(s)
     types = s.cluster.types()
-    hoisted_bytes = sum(_COMPUTE_BYTES[types[v].dtype] for v in s.hoisted) * (cols or 0)
+    hoisted_bytes = sum(COMPUTE_BYTES[types[v].dtype] for v in s.hoisted) * (cols or 0)
     # An empty row (0 columns) needs no buffer, and C++ has no arrays of size 0.
     if s.hoisted and (not cols or hoisted_bytes > SMEM_BUDGET // 2):
         return (dataclasses.replace(s, hoisted=frozenset()), 0,
@@ -234,7 +230,7 @@ def _register_cached(kernel: kernel_ir.Kernel, per_thread: int) -> tuple:
              if any(isinstance(st, kernel_ir.Compute) and st.prim in EXPENSIVE for st in body)}
     cached, words = [], 0
     for name, (dtype, loops) in loops_of.items():
-        cost = per_thread * (2 if _COMPUTE_BYTES[dtype] == 8 else 1)
+        cost = per_thread * COMPUTE_WORDS[dtype]
         light = not loops & heavy or per_thread <= HEAVY_CACHE_COLS
         if len(loops) > 1 and light and words + cost <= REGISTER_CACHE_WORDS:
             cached.append(name)
