@@ -220,3 +220,23 @@ def assert_train_steps_match(case, reference, fused, opt, gen, steps: int = 3,
             assert_same(case, tf.convert_to_tensor(f), tf.convert_to_tensor(r),
                         "transcendental", msg=r.path)
     case.assertEqual(int(fused.optimizer.iterations), steps)
+
+
+def make_stateful_step(seed: int, noise: bool = False):
+    """A step that reads a variable, assigns to it, reads it again, counts
+    (and with `noise` draws random numbers): every stateful op must keep its
+    place. Returns (step, variable, counter); the count is the last output."""
+    gen = rng(seed)
+    v = tf.Variable(random(gen, (4, 8), "float32"))
+    count = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function(input_signature=[tf.TensorSpec([4, 8])])
+    def step(x):
+        before = tf.tanh(v * 2.0) + 1.0                      # read before the assignment
+        v.assign_add(x * 0.5)
+        after = tf.nn.relu(v.read_value() - 0.25) * 3.0      # must see the new value
+        drawn = (tf.random.uniform([4, 8], seed=7) * 2.0 - 1.0,) if noise else ()
+        count.assign_add(1)
+        return (before, after, *(d * before for d in drawn), count.read_value())
+
+    return step, v, count

@@ -21,14 +21,6 @@ PRELUDE = printer.headers(printer.CPP)
 RNG = np.random.default_rng(77)
 
 
-@pytest.fixture(autouse=True)
-def isolated_cache(tmp_path, monkeypatch):
-    directory = tmp_path / "cache"
-    monkeypatch.setenv(cache.ENV_CACHE_DIR, str(directory))
-    monkeypatch.delenv("CXX", raising=False)
-    return directory
-
-
 def scaled_tanh(scale: float) -> ir.Cluster:
     """y = tanh(x * scale) + scale: kernels that differ by a constant."""
     full = T("float32", (None, 24))

@@ -50,15 +50,6 @@ FS_EXPORT void fs_run(int64_t begin, int64_t end, const int64_t* ext, void* cons
 """
 
 
-@pytest.fixture(autouse=True)
-def isolated_cache(tmp_path, monkeypatch):
-    """Every test gets its own cache directory and the default compiler."""
-    directory = tmp_path / "cache"
-    monkeypatch.setenv(cache.ENV_CACHE_DIR, str(directory))
-    monkeypatch.delenv("CXX", raising=False)
-    return directory
-
-
 # --- cache directory -------------------------------------------------------
 
 def test_cache_dir_is_created_0700_even_with_permissive_umask(tmp_path, monkeypatch):

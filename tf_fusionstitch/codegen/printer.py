@@ -677,14 +677,7 @@ class KernelPrinter:
                 prev = f"q{g}"
         e(f"const int64_t cl = {prev} + c{groups[-1]}; (void)cl;", indent)
         self.body(stmts, accs, indent)
-        indent -= 1
-        e("}", indent)
-        if blocked:
-            indent = self.close_block(groups[-1], blocked, indent)
-        for _ in groups[:-1]:
-            indent -= 1
-            e("}", indent)
-        self.fold(blocked, indent)
+        indent = self.close_columns(groups, blocked, indent)
         e("}", indent - 1)
 
     def open_block(self, g: int, lo: str, hi: str, indent: int) -> tuple:
@@ -745,6 +738,13 @@ class KernelPrinter:
         e("for (int64_t l = 0; l < nl; ++l) {", indent)
         self.body(stmts, accs, indent + 1)
         e("}", indent)
+        self.close_columns(groups, blocked, indent)
+
+    def close_columns(self, groups: list, blocked: list, indent: int) -> int:
+        """Closes the column loops opened at `indent` (the innermost, its
+        block's piece loop, the outer ones) and folds the last block's
+        partials. Returns the indent outside them."""
+        e = self.emit
         indent -= 1
         e("}", indent)
         if blocked:
@@ -753,6 +753,7 @@ class KernelPrinter:
             indent -= 1
             e("}", indent)
         self.fold(blocked, indent)
+        return indent
 
     def row_array_type(self, name: str) -> str:
         for seg in self.k.segments:
