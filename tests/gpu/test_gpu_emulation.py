@@ -15,7 +15,7 @@ import pytest
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch import patterns
-from tf_fusionstitch.codegen import gpu_printer, kernel_ir
+from tf_fusionstitch.codegen import gpu_printer, kernel_ir, printer
 from tf_fusionstitch.gpu import build as gpu_build
 from tf_fusionstitch.gpu.choice import plan_gpu
 from tf_fusionstitch.runtime.cpu_kernel import CpuKernel, as_dtype
@@ -295,3 +295,29 @@ def test_a_missing_shuffle_step_gives_wrong_results(monkeypatch):
     inputs = pat.make_inputs(np.random.default_rng(6), 9)
     (y,) = emulate(pat.cluster, inputs)
     assert not np.allclose(y, pat.reference(inputs)[0], rtol=pat.rtol, atol=pat.atol)
+
+
+def test_a_bfloat16_value_cast_to_float16_is_rounded_to_bfloat16_first():
+    """As TF: a bfloat16 product is stored (rounded) as bfloat16 before the
+    cast to float16 reads it; casting the unrounded float32 product rounds
+    once instead, which differs in the last float16 bits."""
+    bf16, f16 = T("bfloat16", (N, 64)), T("float16", (N, 64))
+    c = ir.Cluster((("x", bf16), ("y", bf16)), (
+        op("p", "mul", ["x", "y"], bf16),
+        op("h", "cast", ["p"], f16)), ("h",))
+    rng = np.random.default_rng(10)
+    bf16_np = as_dtype("bfloat16")
+    x, y = (rng.standard_normal((7, 64)).astype(bf16_np) for _ in range(2))
+    (h,) = emulate(c, [x, y])
+    product = x.astype(np.float32) * y.astype(np.float32)
+    np.testing.assert_array_equal(h, product.astype(bf16_np).astype(np.float16))
+    assert (product.astype(np.float16) != h).any()   # the two roundings do differ here
+
+
+def test_cuda_casts_round_a_16_bit_source_to_its_type_first():
+    """The CUDA printer's casts follow the C++ printer's rule (the emulation
+    prints the C++ one, so it cannot see a CUDA-only difference)."""
+    for frm, to in (("bfloat16", "float16"), ("float16", "bfloat16"),
+                    ("bfloat16", "float32"), ("float16", "int32")):
+        rounded = printer.CUDA.round_16bit[frm].format("v")
+        assert rounded in printer.cast("v", frm, to, printer.CUDA), (frm, to)

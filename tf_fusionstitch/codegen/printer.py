@@ -65,11 +65,6 @@ class Target:
     store_16bit: Dict[str, str]  # a float as the stored element
     round_16bit: Dict[str, str]  # a float rounded to the dtype, as float (a cast to it)
     limits: str = "std::numeric_limits"  # class template giving infinity(), quiet_NaN(), ...
-    # A cast from one 16-bit float to float16 first rounds its source to the
-    # source's type (as every other cast from a 16-bit float does). CUDA's
-    # kernels have never done that for bfloat16 -> float16; kept so as not to
-    # change them here.
-    round_source_to_float16: bool = True
     # Large float32 outputs are stored with streaming (non-temporal) stores
     # (the prelude's FS_STREAM_LANES, fs_stream_f32 and fs_stream_min_bytes).
     streaming_stores: bool = False
@@ -190,7 +185,6 @@ CUDA = Target(
     store_16bit={**CPP.store_16bit, "float16": "fs_f32_to_f16({})"},
     round_16bit={**CPP.round_16bit,
                  "float16": "fs_f16_to_f32(fs_f32_to_f16(static_cast<float>({})))"},
-    round_source_to_float16=False,
     limits="fs_limits",
     shared="__shared__ ",
     barrier="__syncthreads();",
@@ -336,8 +330,7 @@ def expression(st: k.Compute, target: Target) -> str:
 
 def cast(src: str, frm: str, to: str, target: Target) -> str:
     """`src`, computed as `frm`, cast to `to` (both compute-type values)."""
-    if frm in p.HALF_DTYPES and frm != to and (
-            to != "float16" or target.round_source_to_float16):
+    if frm in p.HALF_DTYPES and frm != to:
         # A 16-bit value computed here is a float32; TF would have stored
         # (rounded) it in its type before the cast: round it first.
         src = target.round_16bit[frm].format(src)
