@@ -36,6 +36,7 @@ from typing import Optional, Union
 from tf_fusionstitch.codegen import kernel_ir as k
 from tf_fusionstitch.codegen import primitives
 from tf_fusionstitch.fusion_ir import DTYPE_BYTES, EXPENSIVE
+from tf_fusionstitch.gpu.mapping import split_phases
 from tf_fusionstitch.gpu.occupancy import SM_LIMITS, SmLimits, blocks_per_sm
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE
 
@@ -187,13 +188,14 @@ def shared_bytes(plan) -> int:
     hoisted columns, per-row buffers (one per reuse slot), and per-warp
     reduction partials when a block runs a row."""
     m, kr = plan.mapping, plan.kernel
-    total = sum(_BYTES[_compute(d)] for d in kr.hoisted.values()) * (m.smem_cols or 0)
-    total += sum(_BYTES[_compute(d)] for d in slot_dtypes(kr).values()) \
+    total = sum(primitives.COMPUTE_BYTES[d] for d in kr.hoisted.values()) * (m.smem_cols or 0)
+    total += sum(primitives.COMPUTE_BYTES[d] for d in slot_dtypes(kr).values()) \
         * m.rows_per_block * (m.smem_cols or 0)
     if m.warps_per_row > 1:
         for accs in kr.accumulators:
             for a in accs:
-                total += m.warps_per_row * (_acc_bytes(a) + (4 if _tracks_nan(a) else 0))
+                flag = 4 if primitives.tracks_nan(a) else 0   # the printer's int flag
+                total += m.warps_per_row * (primitives.accumulator_bytes(a) + flag)
     return total
 
 
@@ -212,7 +214,7 @@ def buffer_slots(kernel: k.Kernel) -> dict:
     slots = {}          # slot name -> (compute dtype, loop of its last read)
     out = {}
     for v in sorted(kernel.buffers, key=lambda v: (first_store.get(v, 0), v)):
-        ctype = _compute(kernel.buffers[v])
+        ctype = primitives.COMPUTE_DTYPE[kernel.buffers[v]]
         free = [n for n, (d, end) in slots.items()
                 if d == ctype and end < first_store.get(v, 0)]
         name = free[0] if free else v
@@ -223,15 +225,10 @@ def buffer_slots(kernel: k.Kernel) -> dict:
 
 def slot_dtypes(kernel: k.Kernel) -> dict:
     """Shared array name -> compute dtype, one per reuse slot."""
-    return {slot: _compute(kernel.buffers[slot]) for slot in set(buffer_slots(kernel).values())}
+    return {slot: primitives.COMPUTE_DTYPE[kernel.buffers[slot]]
+            for slot in set(buffer_slots(kernel).values())}
 
 
-def _compute(dtype: str) -> str:
-    return primitives.COMPUTE_DTYPE[dtype]
-
-
-_acc_bytes = primitives.accumulator_bytes
-_tracks_nan = primitives.tracks_nan
 
 
 # -- registers ---------------------------------------------------------------
@@ -249,7 +246,8 @@ def estimate_registers(plan) -> int:
         regs += math.ceil(per_col * plan.cols_per_thread)
     regs += sum(_WORDS[_cached_dtype(kr, v)] for v in plan.register_cached) \
         * (plan.cols_per_thread or 0)
-    regs += sum(_acc_bytes(a) // 4 + _tracks_nan(a) for accs in kr.accumulators for a in accs)
+    regs += sum(primitives.accumulator_bytes(a) // 4 + primitives.tracks_nan(a)
+                for accs in kr.accumulators for a in accs)
     row_values = {st.dst: st.dtype for seg in kr.segments for st in seg  # constants: immediates
                   if isinstance(st, (k.Load, k.Compute, k.Finish))
                   and getattr(st, "prim", None) != "const"}
@@ -291,14 +289,14 @@ def warp_cycles(plan, cols: int) -> float:
     for loop, body in enumerate(kr.loops):
         per_col = LOOP_CYCLES + col_index + sum(
             _stmt_cycles(st, plan, cols, in_loop=True, loop=loop) for st in body)
-        per_col += sum(1 + _tracks_nan(a) for a in kr.accumulators[loop])
+        per_col += sum(1 + primitives.tracks_nan(a) for a in kr.accumulators[loop])
         cycles += per_thread * per_col
         cycles += _reduction_cycles(kr.accumulators[loop], m)
     for phase in range(1, _phases(plan)):  # a split row: partials combined per launch
         for loop in range(phase):
             for a in kr.accumulators[loop]:
-                words = _acc_bytes(a) // 4 + _tracks_nan(a)
-                cycles += m.row_blocks * (words + 1 + _tracks_nan(a))
+                words = primitives.accumulator_bytes(a) // 4 + primitives.tracks_nan(a)
+                cycles += m.row_blocks * (words + 1 + primitives.tracks_nan(a))
     if kr.prelude:  # hoisted columns: the block's threads share them, then a barrier
         per_col = LOOP_CYCLES + sum(_stmt_cycles(st, plan, cols, True, -1) for st in kr.prelude)
         cycles += -(-cols // m.block_threads) * per_col + BARRIER_CYCLES
@@ -312,18 +310,15 @@ def _per_thread(plan, cols: int) -> int:
 
 
 def _phases(plan) -> int:
-    """Launches: 1, or a split row's one per loop (+1 after a last reduction)."""
-    if plan.mapping.row_blocks == 1:
-        return 1
-    kr = plan.kernel
-    return len(kr.loops) + (1 if kr.accumulators[-1] else 0)
+    """Launches: 1, or a split row's (mapping.split_phases)."""
+    return 1 if plan.mapping.row_blocks == 1 else split_phases(plan.kernel)
 
 
 def _reduction_cycles(accs, m) -> float:
     if not accs or m.row_threads == 1:
         return 0.0
-    words = sum(_acc_bytes(a) // 4 + _tracks_nan(a) for a in accs)
-    combine = sum(1 + _tracks_nan(a) for a in accs)
+    words = sum(primitives.accumulator_bytes(a) // 4 + primitives.tracks_nan(a) for a in accs)
+    combine = sum(1 + primitives.tracks_nan(a) for a in accs)
     cycles = 5 * (SHUFFLE_CYCLES * words + combine)        # xor tree over 32 lanes
     if m.warps_per_row > 1:   # partials through shared memory, a barrier, every thread combines
         cycles += BARRIER_CYCLES + m.warps_per_row * (words + combine)
@@ -335,8 +330,7 @@ def _stmt_cycles(st, plan, cols: int, in_loop: bool, loop: int) -> float:
     if isinstance(st, k.Compute):
         if st.prim in primitives.FREE:
             return 0.0
-        width = 2 if _compute(st.dtype) in ("float64", "int64") or \
-            _compute(st.arg_dtype) in ("float64", "int64") else 1
+        width = max(primitives.COMPUTE_WORDS[st.dtype], primitives.COMPUTE_WORDS[st.arg_dtype])
         return float(EXPENSIVE_CYCLES.get(st.prim, 1) * width)
     if isinstance(st, k.Load) and in_loop and st.dst in plan.register_cached \
             and loop > _first_load_loop(kr, st.dst):
@@ -344,7 +338,7 @@ def _stmt_cycles(st, plan, cols: int, in_loop: bool, loop: int) -> float:
     if isinstance(st, (k.Load, k.Store)):
         return float(_sectors(kr.tensors[st.tensor], st.dtype, m, cols, in_loop, kr.row_groups))
     if isinstance(st, (k.BufLoad, k.BufStore)):
-        return float(max(1, WARP * _BYTES[_compute(st.dtype)] // SECTOR))
+        return float(max(1, WARP * primitives.COMPUTE_BYTES[st.dtype] // SECTOR))
     return 1.0               # Finish and the like
 
 
