@@ -8,9 +8,12 @@ graph mode (variables as VarHandleOp nodes), which lets large models be planned 
 allocating their weights.
 """
 
+import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import tensor_util
 
 from tf_fusionstitch.planner import ir, op_rules
+from tf_fusionstitch.rewriters.decided_shapes import summed_axes
 
 # Attributes the axis rules read, copied as plain Python values.
 _ATTRS = ("transpose_a", "transpose_b", "adj_x", "adj_y", "keep_dims", "batch_dims",
@@ -59,7 +62,20 @@ def _static_value(tensor):
         perm = tf.get_static_value(tensor.op.inputs[0])
         if perm is not None:
             value = perm.argsort()
+    if value is None and tensor.op.type == "BroadcastGradientArgs":
+        value = _broadcast_gradient_axes(tensor)
     return value
+
+
+def _broadcast_gradient_axes(tensor):
+    """The axes a broadcasting op's gradient sums over (`Sum(g, BroadcastGradientArgs(...)[k])`,
+    as TF builds the gradient of a rank-3 x rank-2 BatchMatMulV2), decided from the operands'
+    static shapes as the rewriters decide them; None where a shape is not static."""
+    shapes = [tensor_util.constant_value_as_shape(t) for t in tensor.op.inputs]
+    if not all(s.is_fully_defined() for s in shapes):
+        return None
+    k = tensor.value_index
+    return np.array(summed_axes(shapes[k].as_list(), shapes[1 - k].as_list()), dtype=np.int64)
 
 
 def _live(ops, outputs, graph):

@@ -170,18 +170,48 @@ def _matmul_rule(op, ins, outs):
     return AxisRule(ties=ties, contract=[(0, ak), (1, bk)], whole=whole)
 
 
-def _einsum_rule(op, ins, outs):
-    eq = op.attrs.get("equation", "").replace(" ", "")
-    if "..." in eq or "->" not in eq:
-        return _conservative(ins)
+def einsum_terms(equation, ins, outs):
+    """An Einsum's (input terms, output term) with any `...` spelled out as letters of their
+    own, one per broadcast axis (EinsumDense writes `...b,bc->...c`); None if malformed."""
+    eq = equation.replace(" ", "")
+    if "->" not in eq:
+        return None
     lhs, rhs = eq.split("->")
     terms = lhs.split(",")
-    if len(terms) != len(ins):
+    if len(terms) != len(ins) or len(outs) != 1:
+        return None
+    used = set(eq)
+    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in used]
+    ellipsis_rank = max((x.rank - len(term) + 3 for term, x in zip(terms, ins)
+                         if "..." in term), default=0)
+    fill = "".join(free[:ellipsis_rank])
+
+    def spell(term, rank):
+        if "..." not in term:
+            return term if len(term) == rank else None
+        extra = rank - (len(term) - 3)
+        return term.replace("...", fill[len(fill) - extra:]) if 0 <= extra <= len(fill) \
+            else None
+
+    spelled = [spell(term, x.rank) for term, x in zip(terms, ins)]
+    out = spell(rhs, outs[0].rank)
+    if out is None or None in spelled:
+        return None
+    return spelled, out
+
+
+def _einsum_rule(op, ins, outs):
+    terms = einsum_terms(op.attrs.get("equation", ""), ins, outs)
+    if terms is None:
         return _conservative(ins)
+    terms, rhs = terms
     seen, ties, contract = {}, [], []
     ports = [(("i", k), term) for k, term in enumerate(terms)] + [(("o", 0), rhs)]
-    for port, term in ports:
+    extents = [x.shape for x in ins] + [outs[0].shape]
+    for (port, term), shape in zip(ports, extents):
         for axis, label in enumerate(term):
+            if shape[axis] == 1:
+                continue   # a broadcast (or size-1) axis ties nothing
             if label in seen:
                 ties.append((seen[label], (port, axis)))
             else:
@@ -207,8 +237,9 @@ def _reduce_rule(op, ins, outs, linear):
         ties.append(((("i", 0), a), (("o", 0), j)))
         j += 1
     reduced = [(0, a) for a in axes]
+    # A sum (or mean) of partial sums is a partial sum of the result.
     return AxisRule(ties=ties, contract=reduced if linear else [],
-                    whole=[] if linear else reduced)
+                    whole=[] if linear else reduced, pass_partial=linear)
 
 
 def axis_rule(op, ins, outs):
@@ -229,6 +260,10 @@ def axis_rule(op, ins, outs):
             return _conservative(ins)
         return AxisRule(ties=[((("i", 0), p), (("o", 0), j)) for j, p in enumerate(perm)],
                         pass_partial=True)
+    if t == "IdentityN":
+        # Each output is its input (Keras passes gradients through one before the update).
+        return AxisRule(ties=[((("i", k), a), (("o", k), a)) for k, x in enumerate(ins)
+                              for a in range(x.rank)], pass_partial=True)
     if t == "ReadVariableOp" or t in _UNARY:
         n = min(ins[0].rank, outs[0].rank) if outs else 0
         same = ins[0].shape == outs[0].shape
@@ -353,14 +388,15 @@ def flops_and_bytes(op, ins, outs):
             k = a.shape[-2] if op.attrs.get("adj_x") else a.shape[-1]
         return 2.0 * out.num_elements * k, float(in_bytes + out_bytes)
     if t == "Einsum":
-        eq = op.attrs.get("equation", "").replace(" ", "")
+        terms = einsum_terms(op.attrs.get("equation", ""), ins, outs)
+        if terms is None:
+            return float(outs[0].num_elements), float(in_bytes + out_bytes)
+        # Every label's extent once: one multiply-add per point of the joint index space.
         sizes = {}
-        if "->" in eq and "..." not in eq:
-            for term, x in zip(eq.split("->")[0].split(","), ins):
-                for label, extent in zip(term, x.shape):
-                    sizes[label] = extent
-            return 2.0 * math.prod(sizes.values()), float(in_bytes + out_bytes)
-        return float(outs[0].num_elements), float(in_bytes + out_bytes)
+        for term, x in zip(terms[0], ins):
+            for label, extent in zip(term, x.shape):
+                sizes[label] = max(extent, sizes.get(label, 1))
+        return 2.0 * math.prod(sizes.values()), float(in_bytes + out_bytes)
     if t in ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "DepthwiseConv2dNative"):
         # 2 * (output elements of the forward conv) * kernel window * input channels.
         if t == "Conv2D":
