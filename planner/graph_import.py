@@ -17,12 +17,15 @@ from tf_fusionstitch.rewriters.decided_shapes import summed_axes
 
 # Attributes the axis rules read, copied as plain Python values.
 _ATTRS = ("transpose_a", "transpose_b", "adj_x", "adj_y", "keep_dims", "batch_dims",
-          "data_format", "equation", "axis")
+          "data_format", "equation", "axis", "ellipsis_mask", "new_axis_mask",
+          "shrink_axis_mask")
 # Inputs holding constants the rules need: op type -> (input index, attrs key).
 _CONST_INPUTS = {
     "Transpose": (1, "perm"), "Sum": (1, "axes"), "Mean": (1, "axes"), "Max": (1, "axes"),
     "Min": (1, "axes"), "Prod": (1, "axes"), "All": (1, "axes"), "Any": (1, "axes"),
     "EuclideanNorm": (1, "axes"), "GatherV2": (2, "axis"), "ConcatV2": (-1, "axis"),
+    "StridedSlice": (3, "strides"), "StridedSliceGrad": (3, "strides"), "Split": (0, "axis"),
+    "SplitV": (2, "axis"),
 }
 
 

@@ -15,7 +15,23 @@ import re
 _FREE = frozenset("""
 Const Placeholder PlaceholderWithDefault Shape ShapeN Size Rank NoOp Identity IdentityN Reshape
 Squeeze ExpandDims ReadVariableOp VarHandleOp VariableV2 StopGradient PreventGradient Snapshot
-BroadcastGradientArgs EnsureShape _Arg _Retval Range
+BroadcastGradientArgs EnsureShape _Arg _Retval Range InvertPermutation ConcatOffset
+""".split())
+
+# Ops on shapes, permutations and handles: they bind no axis of the data.
+_METADATA = frozenset("""
+Const Placeholder NoOp VarHandleOp Shape Size Rank BroadcastGradientArgs ShapeN Range
+InvertPermutation ConcatOffset
+""".split())
+
+# Ops whose output is generated from a shape and a seed: no input axis is one of the output's
+# (dropout masks; the product with the activation ties the mask's axes to it).
+_GENERATORS = frozenset("""
+StatelessRandomGetKeyCounter StatelessRandomGetKeyCounterAlg StatelessRandomGetAlg
+StatelessRandomUniformV2 StatelessRandomNormalV2 StatelessTruncatedNormalV2
+StatelessRandomUniformIntV2 StatelessRandomUniformFullIntV2 StatelessRandomUniform
+StatelessRandomNormal StatelessTruncatedNormal RandomUniform RandomStandardNormal
+TruncatedNormal RandomUniformInt
 """.split())
 
 _UNARY = frozenset("""
@@ -84,10 +100,25 @@ class AxisRule:
     whole: list = dataclasses.field(default_factory=list)
     pass_partial: bool = False
     additive: bool = False
+    conservative: bool = False   # the fallback for an op (or its attributes) this table lacks
 
 
 def _conservative(ins):
-    return AxisRule(whole=[(k, a) for k, t in enumerate(ins) for a in range(t.rank)])
+    return AxisRule(whole=[(k, a) for k, t in enumerate(ins) for a in range(t.rank)],
+                    conservative=True)
+
+
+def conservative_ops(graph):
+    """{op type: count} of a graph's ops whose axis rule is the conservative fallback and
+    that read an axis it can bind (extent > 1): where a split would be gathered for want of
+    a rule. Ops the table knows but whose attributes it could not read count too."""
+    counts = {}
+    for op in graph.ops.values():
+        ins = [graph.tensors[n] for n in op.inputs]
+        outs = [graph.tensors[n] for n in op.outputs]
+        if axis_rule(op, ins, outs).conservative and any(d > 1 for t in ins for d in t.shape):
+            counts[op.type] = counts.get(op.type, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _broadcast_ties(ins, out, input_indices):
@@ -242,11 +273,61 @@ def _reduce_rule(op, ins, outs, linear):
                     whole=[] if linear else reduced, pass_partial=linear)
 
 
+def strided_slice_axes(op, rank):
+    """(input axis or None, output axis or None) pairs of a StridedSlice on a rank-`rank`
+    input, from its masks and the length of its `strides`; None where they are unknown.
+
+    A new axis has no input axis; a shrunk (indexed) axis has no output axis."""
+    strides = op.attrs.get("strides")
+    if strides is None or any(s <= 0 for s in strides):
+        return None     # unknown, or a reversal (not the same axis in the same order)
+    bits = {m: op.attrs.get(m + "_mask", 0) for m in ("ellipsis", "new_axis", "shrink_axis")}
+    specs = len(strides)
+    pairs, a, j = [], 0, 0
+    for i in range(specs):
+        if bits["ellipsis"] >> i & 1:
+            named = sum(1 for k in range(specs) if k != i and not bits["new_axis"] >> k & 1)
+            for _ in range(rank - named):
+                pairs.append((a, j))
+                a, j = a + 1, j + 1
+        elif bits["new_axis"] >> i & 1:
+            pairs.append((None, j))
+            j += 1
+        elif bits["shrink_axis"] >> i & 1:
+            pairs.append((a, None))
+            a += 1
+        else:
+            pairs.append((a, j))
+            a, j = a + 1, j + 1
+    pairs.extend((k, j + k - a) for k in range(a, rank))
+    return pairs
+
+
+def _strided_slice_rule(op, ins, outs):
+    # StridedSlice(x, begin, end, strides) -> y; StridedSliceGrad(shape, begin, end, strides,
+    # dy) -> dx of x's shape: the same axes, read the other way.
+    grad = op.type == "StridedSliceGrad"
+    full, sliced = (outs[0], ins[4]) if grad else (ins[0], outs[0])
+    pairs = strided_slice_axes(op, full.rank)
+    if pairs is None:
+        return _conservative(ins)
+    full_port, sliced_port = (("o", 0), ("i", 4)) if grad else (("i", 0), ("o", 0))
+    ties, whole = [], []
+    for a, j in pairs:
+        if a is not None and j is not None and j < sliced.rank and \
+                full.shape[a] == sliced.shape[j]:
+            ties.append(((full_port, a), (sliced_port, j)))
+        elif grad and j is not None and j < sliced.rank and sliced.shape[j] > 1:
+            whole.append((4, j))
+        elif not grad and a is not None and full.shape[a] > 1:
+            whole.append((0, a))
+    return AxisRule(ties=ties, whole=whole)
+
+
 def axis_rule(op, ins, outs):
     """The AxisRule of `op` given its input and output Tensors (static shapes)."""
     t = op.type
-    if t in ("Const", "Placeholder", "NoOp", "VarHandleOp", "Shape", "Size", "Rank",
-             "BroadcastGradientArgs", "ShapeN", "Range"):
+    if t in _METADATA or t in _GENERATORS:
         return AxisRule()
     if t in ("Reshape", "Squeeze", "ExpandDims"):
         ties = [((("i", 0), i), (("o", 0), j)) for i, j in reshape_ties(ins[0].shape,
@@ -340,6 +421,25 @@ def axis_rule(op, ins, outs):
                 elif x.shape[a] == out.shape[a]:
                     ties.append(((("i", k), a), (("o", 0), a)))
         return AxisRule(ties=ties, whole=whole)
+    if t in ("StridedSlice", "StridedSliceGrad"):
+        return _strided_slice_rule(op, ins, outs)
+    if t in ("Pack", "Unpack"):
+        # Stacking adds the `axis` axis (Unpack removes it); the others are one axis.
+        many, one = (ins, outs[0]) if t == "Pack" else (outs, ins[0])
+        axis = op.attrs.get("axis", 0) % one.rank
+        side = "i" if t == "Pack" else "o"
+        ties = [(((side, k), a), (("o" if t == "Pack" else "i", 0), a + (a >= axis)))
+                for k, x in enumerate(many) for a in range(x.rank)]
+        return AxisRule(ties=ties, whole=[] if t == "Pack" else [(0, axis)])
+    if t in ("Split", "SplitV"):
+        axis, value = op.attrs.get("axis"), 1 if t == "Split" else 0
+        if axis is None:
+            return _conservative(ins)
+        x = ins[value]
+        axis %= x.rank
+        ties = [((("i", value), a), (("o", k), a)) for k in range(len(outs))
+                for a in range(x.rank) if a != axis]
+        return AxisRule(ties=ties, whole=[(value, axis)])
     if t in ("Slice", "StridedSlice", "Pad", "PadV2", "MirrorPad", "Tile"):
         x, out = ins[0], outs[0]
         if x.rank != out.rank:

@@ -58,3 +58,57 @@ def test_linear_reductions_pass_partial_sums_and_others_do_not():
     # A sum over no axes (a gradient's BroadcastGradientArgs with nothing broadcast).
     rule = op_rules.axis_rule(_op("Sum", axes=[]), [_t((8, 16)), _t((0,))], [_t((8, 16))])
     assert rule.ties == [((("i", 0), 0), (("o", 0), 0)), ((("i", 0), 1), (("o", 0), 1))]
+
+
+def test_strided_slice_with_masks_maps_axes():
+    # x[:, 0, 2:5, ..., tf.newaxis] on (8, 16, 32, 4, 6): axis 1 indexed away, axis 2 cut,
+    # the ellipsis covers axes 3 and 4, and a new axis ends the output.
+    op = _op("StridedSlice", strides=[1, 1, 1, 1, 1], shrink_axis_mask=0b10,
+             ellipsis_mask=0b1000, new_axis_mask=0b10000)
+    assert op_rules.strided_slice_axes(op, 5) == [(0, 0), (1, None), (2, 1), (3, 2), (4, 3),
+                                                  (None, 4)]
+    x, y = _t((8, 16, 32, 4, 6)), _t((8, 3, 4, 6, 1))
+    rule = op_rules.axis_rule(op, [x, _t((5,)), _t((5,)), _t((5,))], [y])
+    assert rule.ties == [((("i", 0), 0), (("o", 0), 0)), ((("i", 0), 3), (("o", 0), 2)),
+                         ((("i", 0), 4), (("o", 0), 3))]
+    assert rule.whole == [(0, 1), (0, 2)] and not rule.conservative
+    # Its gradient reads the same axes the other way: dy's cut axis is needed whole.
+    grad = _op("StridedSliceGrad", strides=[1, 1, 1, 1, 1], shrink_axis_mask=0b10,
+               ellipsis_mask=0b1000, new_axis_mask=0b10000)
+    rule = op_rules.axis_rule(grad, [_t((5,))] * 4 + [y], [x])
+    assert ((("o", 0), 0), (("i", 4), 0)) in rule.ties and rule.whole == [(4, 1)]
+    # A reversal is not the same axis: the conservative rule.
+    rev = _op("StridedSlice", strides=[-1])
+    assert op_rules.axis_rule(rev, [_t((8,))] + [_t((1,))] * 3, [_t((8,))]).conservative
+
+
+def test_pack_unpack_and_split_tie_every_other_axis():
+    rule = op_rules.axis_rule(_op("Pack", axis=1), [_t((8, 4)), _t((8, 4))], [_t((8, 2, 4))])
+    assert ((("i", 1), 1), (("o", 0), 2)) in rule.ties and len(rule.ties) == 4
+    rule = op_rules.axis_rule(_op("Unpack", axis=-1), [_t((8, 4, 2))],
+                              [_t((8, 4)), _t((8, 4))])
+    assert ((("o", 1), 1), (("i", 0), 1)) in rule.ties and rule.whole == [(0, 2)]
+    rule = op_rules.axis_rule(_op("Split", axis=-1), [_t(()), _t((8, 6))],
+                              [_t((8, 3)), _t((8, 3))])
+    assert rule.ties == [((("i", 1), 0), (("o", 0), 0)), ((("i", 1), 0), (("o", 1), 0))]
+    assert rule.whole == [(1, 1)]
+
+
+def test_generators_and_metadata_bind_no_axis():
+    for op_type in ("StatelessRandomUniformV2", "InvertPermutation"):
+        rule = op_rules.axis_rule(_op(op_type), [_t((3,)), _t((2,))], [_t((8, 16, 32))])
+        assert (rule.ties, rule.whole, rule.conservative) == ([], [], False), op_type
+
+
+def test_conservative_ops_counts_the_fallbacks_that_bind_an_axis():
+    g = ir.Graph("g")
+    for name, shape in (("x", (8, 4)), ("s", ())):
+        g.add_tensor(ir.Tensor(name, shape, "float32", 4))
+        g.add_op(ir.Op(name + "_op", "Placeholder", [], [name]))
+    for k, (op_type, src) in enumerate((("Mystery", "x"), ("Mystery", "x"), ("Enigma", "x"),
+                                        ("Mystery", "s"), ("Relu", "x"))):
+        g.add_tensor(ir.Tensor(f"y{k}", (8, 4), "float32", 4))
+        g.add_op(ir.Op(f"op{k}", op_type, [src], [f"y{k}"]))
+    g.inputs, g.outputs = ["x"], ["y4"]
+    # A scalar input (op3) binds nothing; Relu has its rule.
+    assert op_rules.conservative_ops(g.finalize()) == {"Mystery": 2, "Enigma": 1}
