@@ -11,6 +11,8 @@ import dataclasses
 import math
 import re
 
+from tf_fusionstitch.planner import conv_rules
+
 # Ops that move no data and do no arithmetic (views, handles, metadata).
 _FREE = frozenset("""
 Const Placeholder PlaceholderWithDefault Shape ShapeN Size Rank NoOp Identity IdentityN Reshape
@@ -369,6 +371,8 @@ def axis_rule(op, ins, outs):
                         contract=[(0, a) for a in range(x.rank) if a != c])
     if t in _MATMUL:
         return _matmul_rule(op, ins, outs)
+    if t in conv_rules.OPS:
+        return AxisRule(**conv_rules.axis_facts(op, ins, outs))
     if t == "Einsum":
         return _einsum_rule(op, ins, outs)
     if t in _LINEAR_REDUCE:
@@ -390,12 +394,16 @@ def axis_rule(op, ins, outs):
     if t in ("GatherV2", "ResourceGather"):
         params, indices = ins[0], ins[1]
         axis = 0 if t == "ResourceGather" else op.attrs.get("axis")
-        if axis is None or op.attrs.get("batch_dims", 0):
+        if axis is None:
             return _conservative(ins)
         axis %= params.rank
+        # Output: params[:axis] + indices[batch_dims:] + params[axis + 1:]; the first
+        # batch_dims axes of params and indices are one (take_along_axis).
+        b = op.attrs.get("batch_dims", 0) % (indices.rank + 1)
         ties = [((("i", 0), a), (("o", 0), a)) for a in range(axis)]
-        ties += [((("i", 1), k), (("o", 0), axis + k)) for k in range(indices.rank)]
-        ties += [((("i", 0), a), (("o", 0), a - 1 + indices.rank))
+        ties += [((("i", 1), k), (("o", 0), k)) for k in range(b)]
+        ties += [((("i", 1), k), (("o", 0), axis + k - b)) for k in range(b, indices.rank)]
+        ties += [((("i", 0), a), (("o", 0), a - 1 + indices.rank - b))
                  for a in range(axis + 1, params.rank)]
         # A lookup into a table split along the gathered axis is a masked lookup plus a sum
         # (vocabulary-parallel embedding): linear, so it leaves a partial sum.
@@ -497,13 +505,8 @@ def flops_and_bytes(op, ins, outs):
             for label, extent in zip(term, x.shape):
                 sizes[label] = max(extent, sizes.get(label, 1))
         return 2.0 * math.prod(sizes.values()), float(in_bytes + out_bytes)
-    if t in ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "DepthwiseConv2dNative"):
-        # 2 * (output elements of the forward conv) * kernel window * input channels.
-        if t == "Conv2D":
-            kh, kw, cin, _ = ins[1].shape
-            return 2.0 * outs[0].num_elements * kh * kw * cin, float(in_bytes + out_bytes)
-        big = max(ins + outs, key=lambda x: x.num_elements)
-        return 2.0 * big.num_elements * 9, float(in_bytes + out_bytes)
+    if t in conv_rules.OPS:
+        return conv_rules.flops(op, ins, outs), float(in_bytes + out_bytes)
     if writes_variable(t):
         var = ins[0]
         resources = [x for x in ins if x.variable]

@@ -112,3 +112,64 @@ def test_conservative_ops_counts_the_fallbacks_that_bind_an_axis():
     g.inputs, g.outputs = ["x"], ["y4"]
     # A scalar input (op3) binds nothing; Relu has its rule.
     assert op_rules.conservative_ops(g.finalize()) == {"Mystery": 2, "Enigma": 1}
+
+
+def test_convolution_and_its_backprops_tie_channels_and_cost_the_same():
+    x, f, y = _t((8, 32, 32, 16)), _t((3, 3, 16, 64)), _t((8, 16, 16, 64))
+    sizes = _t((4,))
+    cases = {"Conv2D": ([x, f], [y]), "Conv2DBackpropInput": ([sizes, f, y], [x]),
+             "Conv2DBackpropFilter": ([x, sizes, y], [f])}
+    flops = {t: op_rules.flops_and_bytes(_op(t), i, o)[0] for t, (i, o) in cases.items()}
+    assert set(flops.values()) == {2.0 * 8 * 16 * 16 * 64 * 3 * 3 * 16}, flops
+    fwd = op_rules.axis_rule(_op("Conv2D"), [x, f], [y])
+    assert fwd.ties == [((("i", 0), 0), (("o", 0), 0)), ((("i", 0), 3), (("i", 1), 2)),
+                        ((("i", 1), 3), (("o", 0), 3))]
+    assert fwd.contract == [(1, 0), (1, 1), (0, 3), (1, 2)]
+    assert fwd.whole == [(0, 1), (0, 2)]
+    dx = op_rules.axis_rule(_op("Conv2DBackpropInput"), [sizes, f, y], [x])
+    assert ((("i", 1), 3), (("i", 2), 3)) in dx.ties and (2, 3) in dx.contract
+    assert dx.whole == [(2, 1), (2, 2)]
+    df = op_rules.axis_rule(_op("Conv2DBackpropFilter"), [x, sizes, y], [f])
+    assert ((("i", 0), 3), (("o", 0), 2)) in df.ties and df.contract == [(0, 0), (2, 0)]
+    # NCHW: channels on axis 1.
+    nchw = op_rules.axis_rule(_op("Conv2D", data_format="NCHW"),
+                              [_t((8, 16, 32, 32)), f], [_t((8, 64, 16, 16))])
+    assert ((("i", 1), 3), (("o", 0), 1)) in nchw.ties and nchw.whole == [(0, 2), (0, 3)]
+
+
+def test_depthwise_convolution_keeps_channels_one_axis():
+    x, f, y = _t((8, 32, 32, 16)), _t((3, 3, 16, 1)), _t((8, 32, 32, 16))
+    rule = op_rules.axis_rule(_op("DepthwiseConv2dNative"), [x, f], [y])
+    assert ((("i", 0), 3), (("o", 0), 3)) in rule.ties and rule.contract == [(1, 0), (1, 1)]
+    flops, _ = op_rules.flops_and_bytes(_op("DepthwiseConv2dNative"), [x, f], [y])
+    assert flops == 2.0 * 8 * 32 * 32 * 16 * 9
+
+
+def test_fused_batch_norm_ties_channels_and_needs_the_statistics_axes_whole():
+    x, c = _t((8, 16, 16, 32)), _t((32,))
+    rule = op_rules.axis_rule(_op("FusedBatchNormV3"), [x, c, c, c, c],
+                              [x, c, c, c, c, _t((0,))])
+    assert ((("i", 0), 3), (("i", 1), 0)) in rule.ties
+    assert ((("i", 0), 3), (("o", 1), 0)) in rule.ties
+    assert ((("i", 0), 2), (("o", 0), 2)) in rule.ties
+    assert rule.whole == [(0, 0), (0, 1), (0, 2)] and not rule.conservative
+    grad = op_rules.axis_rule(_op("FusedBatchNormGradV3"), [x, x, c, c, c, _t((0,))],
+                              [x, c, c, _t((0,)), _t((0,))])
+    assert ((("i", 1), 3), (("o", 0), 3)) in grad.ties
+    assert ((("i", 0), 3), (("o", 2), 0)) in grad.ties
+    assert (1, 0) in grad.whole and (0, 2) in grad.whole
+
+
+def test_gather_with_batch_dims_ties_the_batch_axes():
+    # take_along_axis: params (2, 4, 16, 32), indices (2, 4, 16, 8), batch_dims 3, axis 3.
+    params, indices, out = _t((2, 4, 16, 32)), _t((2, 4, 16, 8)), _t((2, 4, 16, 8))
+    rule = op_rules.axis_rule(_op("GatherV2", axis=3, batch_dims=3),
+                              [params, indices, _t(())], [out])
+    assert rule.ties == [((("i", 0), a), (("o", 0), a)) for a in range(3)] + \
+        [((("i", 1), a), (("o", 0), a)) for a in range(3)] + [((("i", 1), 3), (("o", 0), 3))]
+    assert rule.contract == [(0, 3)] and not rule.conservative
+    # Without batch dims: an embedding lookup, the table's row axis contracted.
+    rule = op_rules.axis_rule(_op("GatherV2", axis=0), [_t((100, 32)), _t((8, 16)), _t(())],
+                              [_t((8, 16, 32))])
+    assert rule.ties == [((("i", 1), 0), (("o", 0), 0)), ((("i", 1), 1), (("o", 0), 1)),
+                         ((("i", 0), 1), (("o", 0), 2))]
