@@ -58,15 +58,30 @@ def _shape(t, unknown_dim=None):
     return tuple(dims)
 
 
-def _static_value(tensor):
+# Integer arithmetic TF's gradients build permutations and axes with (a gather's gradient
+# concatenates ranges whose bounds are sums of constants), folded when get_static_value is not.
+_FOLDABLE = {
+    "AddV2": lambda a, b: a + b, "Add": lambda a, b: a + b, "Sub": lambda a, b: a - b,
+    "Mul": lambda a, b: a * b, "Range": np.arange,
+    "Pack": lambda *xs: np.stack(xs), "ConcatV2": lambda *xs: np.concatenate(xs[:-1], xs[-1]),
+}
+
+
+def _static_value(tensor, depth=8):
     value = tf.get_static_value(tensor)
-    if value is None and tensor.op.type == "InvertPermutation":
+    op = tensor.op
+    if value is None and op.type == "InvertPermutation":
         # Transpose gradients permute by the inverse of a constant permutation.
-        perm = tf.get_static_value(tensor.op.inputs[0])
+        perm = _static_value(op.inputs[0], depth - 1) if depth else None
         if perm is not None:
             value = perm.argsort()
-    if value is None and tensor.op.type == "BroadcastGradientArgs":
+    if value is None and op.type == "BroadcastGradientArgs":
         value = _broadcast_gradient_axes(tensor)
+    if value is None and op.type in _FOLDABLE and depth and tensor.dtype.is_integer and \
+            not (op.type == "Pack" and op.get_attr("axis") != 0):
+        args = [_static_value(t, depth - 1) for t in op.inputs]
+        if all(a is not None for a in args):
+            value = np.asarray(_FOLDABLE[op.type](*args), tensor.dtype.as_numpy_dtype)
     return value
 
 

@@ -1,6 +1,7 @@
-"""Import coverage: the zoo's tiny train steps (keras_hub backbones built from their
-constructors with random weights, benchmarks/zoo) import into the planner's IR with an axis
-rule for every op that binds an axis, so no split is gathered for want of a rule."""
+"""Import coverage: the zoo's tiny train steps (keras_hub backbones and keras.applications
+CNNs built from their constructors with random weights, benchmarks/zoo) import into the
+planner's IR with an axis rule for every op that binds an axis, so no split is gathered for
+want of a rule."""
 
 import os
 
@@ -39,6 +40,12 @@ class ImportCoverageTest(tf.test.TestCase):
 
     def test_llama(self):       # rotary embeddings (Pack/Split), grouped-query attention
         self._check("llama")
+
+    def test_deberta_v3(self):  # relative-position gathers with batch dims, their gradients
+        self._check("deberta_v3")
+
+    def test_mobilenet(self):   # keras.applications: depthwise convolutions, SGD momentum
+        self._check("mobilenet")
 
     def test_report_names_the_fallbacks_with_counts(self):
         g = zoo_graph("gpt2")
