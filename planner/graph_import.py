@@ -186,9 +186,19 @@ def _propagate_handles(g):
 
 
 def trace(fn, example_inputs):
-    """Traces `fn` (a tf.function or a Python function) and returns its ConcreteFunction."""
+    """Traces `fn` (a tf.function or a Python function) and returns its ConcreteFunction.
+
+    A tf.function whose input signature leaves sizes unknown (a dynamic batch, as Keras'
+    and the zoo's train steps declare) is traced again at the example inputs' shapes: the
+    planner prices static shapes.
+    """
     if not callable(fn):
         raise ValueError(f"fn must be a tf.function or callable, got {type(fn).__name__}")
+    signature = getattr(fn, "input_signature", None)
+    if signature and example_inputs and hasattr(fn, "python_function") and any(
+            not spec.shape.is_fully_defined() for spec in tf.nest.flatten(signature)
+            if isinstance(spec, tf.TensorSpec)):
+        fn = fn.python_function
     if not hasattr(fn, "get_concrete_function"):
         fn = tf.function(fn)
     return fn.get_concrete_function(*example_inputs)

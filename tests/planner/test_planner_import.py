@@ -81,6 +81,9 @@ class ImportTest(tf.test.TestCase):
                               input_signature=[tf.TensorSpec([None, 3], tf.float32)])
         with self.assertRaisesRegex(ValueError, "non-static shape.*concrete example inputs"):
             graph_import.from_function(dynamic, [])
+        # With example inputs, a dynamic signature is traced again at their shapes.
+        graph = graph_import.from_function(dynamic, [tf.ones([5, 3])])[0]
+        self.assertEqual(graph.tensors[graph.inputs[0]].shape, (5, 3))
         with self.assertRaisesRegex(ValueError, "tf.function or callable"):
             graph_import.from_function(42, [])
 

@@ -15,12 +15,13 @@ from tf_fusionstitch.tools import plan as plan_tool
 
 
 def zoo_graph(name, batch=2):
-    """The IR of a tiny zoo model's train step, traced at static shapes (the zoo's own
-    tf.function has a dynamic batch and sequence, which the planner cannot price)."""
+    """The IR of a tiny zoo model's train step. Its tf.function declares a dynamic batch
+    and sequence; the import traces it again at the batch's static shapes."""
     model = zoo.build(name, "tiny")
     data = model.make_batch(0, batch)
-    step = tf.function(model.train_step.python_function)
-    return graph_import.from_function(step, tuple(data.inputs) + (data.labels,))[0]
+    graph = graph_import.from_function(model.train_step, tuple(data.inputs) + (data.labels,))[0]
+    assert graph.batch_size == batch
+    return graph
 
 
 class ImportCoverageTest(tf.test.TestCase):
