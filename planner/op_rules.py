@@ -472,6 +472,15 @@ def axis_rule(op, ins, outs):
         ties = [((("i", 0), a), (("i", k), a)) for k in range(1, len(ins))
                 if ins[k].shape == var.shape and var.rank for a in range(var.rank)]
         return AxisRule(ties=ties)
+    if t.startswith("ResourceScatter"):
+        # (variable, indices, updates): updates are indices.shape + the rows' shape. A row
+        # split (vocabulary-parallel) is written by the device that holds each row.
+        var, indices, updates = ins[0], ins[1], ins[2]
+        q = indices.rank
+        ties = [((("i", 1), a), (("i", 2), a)) for a in range(q)]
+        if updates.rank == q + var.rank - 1:
+            ties += [((("i", 0), a), (("i", 2), q + a - 1)) for a in range(1, var.rank)]
+        return AxisRule(ties=ties)
     return _conservative(ins)
 
 

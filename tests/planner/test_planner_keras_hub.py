@@ -1,4 +1,4 @@
-"""keras_hub's BERT and GPT-2 backbones (two layers, built from their constructors with random
+"""keras_hub's BERT, GPT-2 and Llama backbones (two layers, built from their constructors with random
 weights, as benchmarks/zoo/text.py builds them): exhaustive operator partitioning on 8xV100
 splits every layer as Megatron does, with two all-reduces per layer forward and two backward.
 """
@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from tf_fusionstitch import planner
 from tf_fusionstitch.planner import cost_model as cm
-from tf_fusionstitch.planner import graph_import
+from tf_fusionstitch.planner import graph_import, op_rules
 
 B, S, H, HEADS, FFN, VOCAB, LAYERS, LABELS = 8, 128, 256, 8, 1024, 512, 2, 16
 # layer-relative variable -> the axis Megatron splits it on
@@ -23,18 +23,25 @@ MEGATRON = {"query/kernel": 1, "key/kernel": 1, "value/kernel": 1, "query/bias":
             "feedforward_intermediate_dense/bias": 0, "feedforward_output_dense/kernel": 0}
 
 
-def backbone_step(constructor, segments):
+# Llama: no biases, a SwiGLU feed-forward (gate and intermediate both column-parallel).
+LLAMA_MEGATRON = {"query/kernel": 1, "key/kernel": 1, "value/kernel": 1,
+                  "attention_output/kernel": 0, "feedforward_gate_dense/kernel": 1,
+                  "feedforward_intermediate_dense/kernel": 1,
+                  "feedforward_output_dense/kernel": 0}
+
+
+def backbone_step(constructor, segments, **sizes):
     """An SGD train step of the backbone and a token-classification head."""
     keras.utils.set_random_seed(0)
+    sizes = sizes or dict(num_heads=HEADS, max_sequence_length=S, dropout=0.0)
     backbone = getattr(keras_hub.models, constructor)(
-        vocabulary_size=VOCAB, num_layers=LAYERS, num_heads=HEADS, hidden_dim=H,
-        intermediate_dim=FFN, max_sequence_length=S, dropout=0.0)
+        vocabulary_size=VOCAB, num_layers=LAYERS, hidden_dim=H, intermediate_dim=FFN, **sizes)
     head = keras.layers.Dense(LABELS, name="token_head")
     head.build((B, S, H))
     names = ["token_ids", "padding_mask"] + (["segment_ids"] if segments else [])
-    # BERT's pooler feeds no loss here: its weights get no gradient and no update.
+    # BERT's pooler and Llama's output embedding feed no loss here: no gradient, no update.
     variables = [v for v in backbone.trainable_variables + head.trainable_variables
-                 if not v.path.startswith("pooled_dense")]
+                 if not v.path.startswith(("pooled_dense", "token_embedding/reverse"))]
     optimizer = keras.optimizers.SGD(0.01)
     optimizer.build(variables)
 
@@ -59,13 +66,14 @@ def backbone_step(constructor, segments):
 class BackboneTest(tf.test.TestCase):
     CLUSTER = "8xV100"
 
-    def _check(self, graph, attention):
+    def _check(self, graph, attention, megatron=None):
+        self.assertEqual(op_rules.conservative_ops(graph), {})
         plan = planner.search_graph(graph, self.CLUSTER, strategy="operator",
                                     method="exhaustive")
         self.assertEqual(plan.tensor_parallel, 8)
         expected = {}
         for i in range(LAYERS):
-            for name, axis in MEGATRON.items():
+            for name, axis in (megatron or MEGATRON).items():
                 prefix = f"transformer_layer_{i}/"
                 if not name.startswith("feedforward"):
                     prefix += attention + "/"
@@ -92,6 +100,12 @@ class BackboneTest(tf.test.TestCase):
 
     def test_gpt2_backbone_is_megatron(self):
         self._check(backbone_step("GPT2Backbone", segments=False), "self_attention")
+
+    def test_llama_backbone_is_megatron(self):
+        # Rotary embeddings, RMS norms, SwiGLU; as many key/value heads as query heads.
+        graph = backbone_step("LlamaBackbone", segments=False, num_query_heads=HEADS,
+                              num_key_value_heads=HEADS)
+        self._check(graph, "self_attention", LLAMA_MEGATRON)
 
 
 if __name__ == "__main__":

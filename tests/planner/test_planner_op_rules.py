@@ -173,3 +173,12 @@ def test_gather_with_batch_dims_ties_the_batch_axes():
                               [_t((8, 16, 32))])
     assert rule.ties == [((("i", 1), 0), (("o", 0), 0)), ((("i", 1), 1), (("o", 0), 1)),
                          ((("i", 0), 1), (("o", 0), 2))]
+
+
+def test_sparse_update_ties_row_axes_to_the_variable():
+    # SGD on an embedding: variable (100, 32) -= updates (8, 16, 32) at indices (8, 16).
+    rule = op_rules.axis_rule(_op("ResourceScatterSub"),
+                              [_t((100, 32)), _t((8, 16)), _t((8, 16, 32))], [])
+    assert rule.ties == [((("i", 1), 0), (("i", 2), 0)), ((("i", 1), 1), (("i", 2), 1)),
+                         ((("i", 0), 1), (("i", 2), 2))]
+    assert rule.whole == [] and not rule.conservative
