@@ -59,18 +59,30 @@ def _convolution(t, op, ins, outs):
         image, filt, dy = ("i", 0), ("i", 1), ("o", 0)
         rank = ins[0].rank
     n, c, spatial = _layout(op, rank)
-    ties = [_tie(image, n, dy, n), _tie(image, c, filt, 2)]
+
+    def shape(port):
+        return (outs if port[0] == "o" else ins)[port[1]].shape
+
+    # A grouped convolution (Keras' depthwise layers on TF) reads C / groups input channels
+    # per filter: channel blocks stay within groups, like a depthwise one's.
+    grouped = not depthwise and shape(filt)[2] != shape(image)[c]
+    ties = [_tie(image, n, dy, n)]
+    if not grouped:
+        ties.append(_tie(image, c, filt, 2))
     # A depthwise output channel is c * multiplier + m: the input channel is its outer
     # factor. A full convolution's output channels are the filter's last axis.
-    ties.append(_tie(image, c, dy, c) if depthwise else _tie(filt, 3, dy, c))
+    if depthwise or grouped:
+        ties.append(_tie(image, c, dy, c))
+    if not depthwise:
+        ties.append(_tie(filt, 3, dy, c))
     contract = []
     if t.endswith("BackpropFilter"):
         contract += [(0, n), (2, n)]       # dfilter sums over the batch
     else:
         contract += [(1, 0), (1, 1)]       # the window is summed over
-        if not depthwise and t.endswith("BackpropInput"):
+        if not (depthwise or grouped) and t.endswith("BackpropInput"):
             contract += [(1, 3), (2, c)]   # dx sums over output channels
-        elif not depthwise:
+        elif not (depthwise or grouped):
             contract += [(0, c), (1, 2)]   # y sums over input channels
     whole = [(k, a) for side, k in (image, dy) if side == "i"
              for a in spatial if ins[k].shape[a] > 1]

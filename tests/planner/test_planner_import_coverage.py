@@ -48,6 +48,9 @@ class ImportCoverageTest(tf.test.TestCase):
     def test_mobilenet(self):   # keras.applications: depthwise convolutions, SGD momentum
         self._check("mobilenet")
 
+    def test_convnext_tiny(self):   # grouped convolutions Keras compiles as called functions
+        self._check("convnext_tiny")
+
     def test_report_names_the_fallbacks_with_counts(self):
         g = zoo_graph("gpt2")
         op = next(op for op in g.ops.values() if op.type == "Softmax")

@@ -182,3 +182,16 @@ def test_sparse_update_ties_row_axes_to_the_variable():
     assert rule.ties == [((("i", 1), 0), (("i", 2), 0)), ((("i", 1), 1), (("i", 2), 1)),
                          ((("i", 0), 1), (("i", 2), 2))]
     assert rule.whole == [] and not rule.conservative
+
+
+def test_grouped_convolution_keeps_channel_blocks_within_groups():
+    # Keras' DepthwiseConv2D on TF: a Conv2D with one input channel per filter (96 groups).
+    x, f, y = _t((2, 16, 16, 96)), _t((7, 7, 1, 96)), _t((2, 16, 16, 96))
+    rule = op_rules.axis_rule(_op("Conv2D"), [x, f], [y])
+    assert ((("i", 0), 3), (("o", 0), 3)) in rule.ties
+    assert ((("i", 1), 3), (("o", 0), 3)) in rule.ties
+    assert rule.contract == [(1, 0), (1, 1)]      # the window only, not the channels
+    dx = op_rules.axis_rule(_op("Conv2DBackpropInput"), [_t((4,)), f, y], [x])
+    assert ((("o", 0), 3), (("i", 2), 3)) in dx.ties and dx.contract == [(1, 0), (1, 1)]
+    flops, _ = op_rules.flops_and_bytes(_op("Conv2D"), [x, f], [y])
+    assert flops == 2.0 * 2 * 16 * 16 * 96 * 49
