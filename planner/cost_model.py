@@ -173,6 +173,7 @@ class TensorParallelAnalysis:
         link = graph.linkage
         tensors = graph.tensors
         split_axis, partial, reduced, gathered_t = {}, {}, set(), set()
+        reducer = {}   # partial tensor -> the op that reduces it for all its readers
 
         def axis_of(name):
             if name in split_axis:
@@ -200,32 +201,39 @@ class TensorParallelAnalysis:
                         if name not in gathered_t:
                             gathered_t.add(name)
                             collect("all_gather", op, name, tensors[name].nbytes)
-                p_in = [partial.get(n, False) for n in op.inputs]
+                for n in op.inputs:
+                    if reducer.get(n) == op.name and n not in reduced:
+                        reduced.add(n)
+                        kind = "reduce_scatter" if axis_of(n) is not None else "all_reduce"
+                        collect(kind, op, n, tensors[n].nbytes)
+                # A partial sum some reader must reduce is reduced once for all its readers,
+                # so only views and additions, each reading it before that, see it partial.
+                p_in = [partial.get(n, False) and n not in reducer for n in op.inputs]
                 out_partial = False
                 if any(p_in):
                     if rule.pass_partial:
                         out_partial = True
-                    elif rule.additive and all(p for p, n in zip(p_in, op.inputs)
-                                               if tensors[n].num_elements > 1):
+                    elif all(p for p, n in zip(p_in, op.inputs)
+                             if tensors[n].num_elements > 1):
                         out_partial = True
-                    elif rule.additive:
+                    else:
                         # Sum the partial inputs locally, reduce once, then add the rest.
                         out = op.outputs[0]
                         kind = "reduce_scatter" if axis_of(out) is not None else "all_reduce"
                         collect(kind, op, out, tensors[out].nbytes)
-                    else:
-                        for n, p in zip(op.inputs, p_in):
-                            if p and n not in reduced:
-                                reduced.add(n)
-                                kind = ("reduce_scatter" if axis_of(n) is not None
-                                        else "all_reduce")
-                                collect(kind, op, n, tensors[n].nbytes)
                 for k, a in rule.contract:
                     g = link.group_of.get((op.inputs[k], a))
                     if g in split_groups and g not in gathered:
                         out_partial = True
                 for n in op.outputs:
                     partial[n] = out_partial
+                    if out_partial:
+                        # The first reader not linear in it reduces it (ops are in order).
+                        first = next((c for c in tensors[n].consumers
+                                      if not (link.rules[c].pass_partial or
+                                              link.rules[c].additive)), None)
+                        if first is not None:
+                            reducer[n] = first
             present = set()
             for n in list(op.inputs) + list(op.outputs):
                 for g in link.groups_of_tensor(n):

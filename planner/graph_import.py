@@ -8,18 +8,28 @@ graph mode (variables as VarHandleOp nodes), which lets large models be planned 
 allocating their weights.
 """
 
+import dataclasses
+
+import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import function_def_to_graph, tensor_util
+from tensorflow.python.ops import handle_data_util
 
 from tf_fusionstitch.planner import ir, op_rules
+from tf_fusionstitch.rewriters.decided_shapes import summed_axes
 
 # Attributes the axis rules read, copied as plain Python values.
 _ATTRS = ("transpose_a", "transpose_b", "adj_x", "adj_y", "keep_dims", "batch_dims",
-          "data_format", "equation", "axis")
+          "data_format", "equation", "axis", "ellipsis_mask", "new_axis_mask",
+          "shrink_axis_mask")
+_CALLS = ("PartitionedCall", "StatefulPartitionedCall")
 # Inputs holding constants the rules need: op type -> (input index, attrs key).
 _CONST_INPUTS = {
     "Transpose": (1, "perm"), "Sum": (1, "axes"), "Mean": (1, "axes"), "Max": (1, "axes"),
     "Min": (1, "axes"), "Prod": (1, "axes"), "All": (1, "axes"), "Any": (1, "axes"),
     "EuclideanNorm": (1, "axes"), "GatherV2": (2, "axis"), "ConcatV2": (-1, "axis"),
+    "StridedSlice": (3, "strides"), "StridedSliceGrad": (3, "strides"), "Split": (0, "axis"),
+    "SplitV": (2, "axis"),
 }
 
 
@@ -52,14 +62,42 @@ def _shape(t, unknown_dim=None):
     return tuple(dims)
 
 
-def _static_value(tensor):
+# Integer arithmetic TF's gradients build permutations and axes with (a gather's gradient
+# concatenates ranges whose bounds are sums of constants), folded when get_static_value is not.
+_FOLDABLE = {
+    "AddV2": lambda a, b: a + b, "Add": lambda a, b: a + b, "Sub": lambda a, b: a - b,
+    "Mul": lambda a, b: a * b, "Range": np.arange,
+    "Pack": lambda *xs: np.stack(xs), "ConcatV2": lambda *xs: np.concatenate(xs[:-1], xs[-1]),
+}
+
+
+def _static_value(tensor, depth=8):
     value = tf.get_static_value(tensor)
-    if value is None and tensor.op.type == "InvertPermutation":
+    op = tensor.op
+    if value is None and op.type == "InvertPermutation":
         # Transpose gradients permute by the inverse of a constant permutation.
-        perm = tf.get_static_value(tensor.op.inputs[0])
+        perm = _static_value(op.inputs[0], depth - 1) if depth else None
         if perm is not None:
             value = perm.argsort()
+    if value is None and op.type == "BroadcastGradientArgs":
+        value = _broadcast_gradient_axes(tensor)
+    if value is None and op.type in _FOLDABLE and depth and tensor.dtype.is_integer and \
+            not (op.type == "Pack" and op.get_attr("axis") != 0):
+        args = [_static_value(t, depth - 1) for t in op.inputs]
+        if all(a is not None for a in args):
+            value = np.asarray(_FOLDABLE[op.type](*args), tensor.dtype.as_numpy_dtype)
     return value
+
+
+def _broadcast_gradient_axes(tensor):
+    """The axes a broadcasting op's gradient sums over (`Sum(g, BroadcastGradientArgs(...)[k])`,
+    as TF builds the gradient of a rank-3 x rank-2 BatchMatMulV2), decided from the operands'
+    static shapes as the rewriters decide them; None where a shape is not static."""
+    shapes = [tensor_util.constant_value_as_shape(t) for t in tensor.op.inputs]
+    if not all(s.is_fully_defined() for s in shapes):
+        return None
+    k = tensor.value_index
+    return np.array(summed_axes(shapes[k].as_list(), shapes[1 - k].as_list()), dtype=np.int64)
 
 
 def _live(ops, outputs, graph):
@@ -101,23 +139,9 @@ def from_tf_graph(graph, variables, inputs, outputs, ops=None, name="graph", unk
                                        _itemsize(t.dtype)))
                 g.add_op(ir.Op(t.op.name + "/external:" + str(t.value_index), "Placeholder",
                                [], [t.name]))
+    library = _FunctionLibrary(graph) if any(op.type in _CALLS for op in chosen) else None
     for op in chosen:
-        for t in op.outputs:
-            g.add_tensor(ir.Tensor(t.name, _shape(t, unknown_dim), t.dtype.name,
-                                       _itemsize(t.dtype)))
-        attrs = {}
-        present = op.node_def.attr   # asking get_attr for absent keys costs an exception each
-        for key in _ATTRS:
-            if key in present:
-                attrs[key] = _plain(op.get_attr(key))
-        if op.type in _CONST_INPUTS:
-            index, key = _CONST_INPUTS[op.type]
-            value = _static_value(op.inputs[index])
-            if value is not None:
-                value = value.tolist()
-                attrs[key] = value if key != "axes" or isinstance(value, list) else [value]
-        g.add_op(ir.Op(op.name, op.type, [t.name for t in op.inputs],
-                       [t.name for t in op.outputs], attrs))
+        _add_op(g, op, {}, "", unknown_dim, library)
     for handle, info in variables.items():
         if handle not in g.tensors:
             continue
@@ -130,6 +154,89 @@ def from_tf_graph(graph, variables, inputs, outputs, ops=None, name="graph", unk
     g.inputs = [n for n in inputs if n in g.tensors]
     g.outputs = [n for n in outputs if n in g.tensors]
     return g.finalize()
+
+
+def _add_op(g, op, rename, prefix, unknown_dim, library):
+    """Adds `op` to `g`: tensors named `prefix` + TF's name unless `rename` maps them (a
+    function body's arguments are its caller's tensors). A call of a function the graph's
+    library holds (Keras compiles some layers, such as grouped convolutions, as functions)
+    is replaced by the function's body."""
+    def name_of(t):
+        return rename.get(t.name, prefix + t.name)
+
+    for t in op.outputs:
+        g.add_tensor(ir.Tensor(name_of(t), _shape(t, unknown_dim), t.dtype.name,
+                               _itemsize(t.dtype)))
+    body = library.body(op) if library is not None and op.type in _CALLS else None
+    if body is not None:
+        inner = {b.name: name_of(t) for b, t in zip(body.inputs, op.inputs)}
+        inner_prefix = prefix + op.name + "/"
+        for body_op in body.ops:
+            if body_op.type == "Placeholder" and body_op.outputs[0].name in inner:
+                continue
+            _add_op(g, body_op, inner, inner_prefix, unknown_dim, library)
+        # The call's outputs are the body's: one IdentityN ties them.
+        g.add_op(ir.Op(prefix + op.name, "IdentityN",
+                       [inner.get(t.name, inner_prefix + t.name) for t in body.outputs],
+                       [name_of(t) for t in op.outputs]))
+        return
+    attrs = {}
+    present = op.node_def.attr   # asking get_attr for absent keys costs an exception each
+    for key in _ATTRS:
+        if key in present:
+            attrs[key] = _plain(op.get_attr(key))
+    if op.type in _CONST_INPUTS:
+        index, key = _CONST_INPUTS[op.type]
+        value = _static_value(op.inputs[index])
+        if value is not None:
+            value = value.tolist()
+            attrs[key] = value if key != "axes" or isinstance(value, list) else [value]
+    g.add_op(ir.Op(prefix + op.name, op.type, [name_of(t) for t in op.inputs],
+                   [name_of(t) for t in op.outputs], attrs))
+
+
+class _FunctionLibrary:
+    """The functions a graph calls, as graphs at the static shapes of each call."""
+
+    def __init__(self, graph):
+        library = graph.as_graph_def().library
+        self.definitions = {f.signature.name: f for f in library.function}
+
+    def body(self, call):
+        """The body of `call`'s function, as `_Body`, or None if the library lacks it."""
+        definition = self.definitions.get(call.get_attr("f").name)
+        if definition is None:
+            return None
+        graph_def, flat_names = function_def_to_graph.function_def_to_graph_def(
+            definition, [t.shape for t in call.inputs], include_library_functions=True)
+        args = [flat_names[a.name] for a in definition.signature.input_arg]
+        body = tf.Graph()
+        with body.as_default():
+            # Arguments carry the call's shapes and, for variables, their handles' data, so
+            # TF's shape inference gives every op of the body static shapes.
+            inputs = []
+            for k, t in enumerate(call.inputs):
+                arg = tf.compat.v1.placeholder(t.dtype, t.shape, name=f"inlined_arg_{k}")
+                if t.dtype == tf.resource:
+                    handle_data_util.copy_handle_data(t, arg)
+                inputs.append(arg)
+            mapped = dict(zip(args, inputs))
+            tf.graph_util.import_graph_def(graph_def, mapped, name="")
+        # An output may be an argument passed through (a forward function's saved input).
+        returned = [flat_names[definition.ret[a.name]] for a in definition.signature.output_arg]
+        outputs = [mapped[name] if name in mapped else body.get_tensor_by_name(name)
+                   for name in returned]
+        arg_ops = {name.split(":")[0] for name in args}
+        ops = [op for op in body.get_operations() if op.name not in arg_ops]
+        return _Body(inputs, outputs, ops)
+
+
+@dataclasses.dataclass
+class _Body:
+    """A called function's graph: its argument placeholders, outputs and ops."""
+    inputs: list
+    outputs: list
+    ops: list
 
 
 def _variable_shape_dtype(handle):
@@ -152,9 +259,19 @@ def _propagate_handles(g):
 
 
 def trace(fn, example_inputs):
-    """Traces `fn` (a tf.function or a Python function) and returns its ConcreteFunction."""
+    """Traces `fn` (a tf.function or a Python function) and returns its ConcreteFunction.
+
+    A tf.function whose input signature leaves sizes unknown (a dynamic batch, as Keras'
+    and the zoo's train steps declare) is traced again at the example inputs' shapes: the
+    planner prices static shapes.
+    """
     if not callable(fn):
         raise ValueError(f"fn must be a tf.function or callable, got {type(fn).__name__}")
+    signature = getattr(fn, "input_signature", None)
+    if signature and example_inputs and hasattr(fn, "python_function") and any(
+            not spec.shape.is_fully_defined() for spec in tf.nest.flatten(signature)
+            if isinstance(spec, tf.TensorSpec)):
+        fn = fn.python_function
     if not hasattr(fn, "get_concrete_function"):
         fn = tf.function(fn)
     return fn.get_concrete_function(*example_inputs)
@@ -179,9 +296,6 @@ def _from_concrete(concrete, variables, name, unknown_dim=None):
               and t.dtype != tf.resource]
     outputs = [t.name for t in graph.outputs]
     return from_tf_graph(graph, found, inputs, outputs, name=name, unknown_dim=unknown_dim)
-
-
-_CALLS = ("PartitionedCall", "StatefulPartitionedCall")
 
 
 def from_saved_model(path, function=None, unknown_dim=None):

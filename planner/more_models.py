@@ -4,10 +4,9 @@ Built from `model_blocks` against `reference_models`' variable factory, so each 
 (real weights) or in graph mode (nothing allocated); `reference_models` registers them by name.
 
 The CNN writes each 3x3 convolution as im2col (pad, nine shifted slices, concat) followed by a
-MatMul, and pools by reshape + mean. The planner's op table has axis rules for those ops but
-none for Conv2D (it falls back to "every axis whole", so the batch axis would stop at the
-first convolution and data parallelism would be priced as if each replica did the whole
-batch). FLOPs of the MatMul form are exactly the convolution's.
+MatMul, and pools by reshape + mean; it was written so before the op table had Conv2D rules
+(`conv_rules`; tests/planner/test_planner_resnet.py plans keras.applications' ResNet50 with
+them). FLOPs of the MatMul form are exactly the convolution's.
 """
 
 import math

@@ -11,11 +11,29 @@ import dataclasses
 import math
 import re
 
+from tf_fusionstitch.planner import conv_rules
+
 # Ops that move no data and do no arithmetic (views, handles, metadata).
 _FREE = frozenset("""
 Const Placeholder PlaceholderWithDefault Shape ShapeN Size Rank NoOp Identity IdentityN Reshape
 Squeeze ExpandDims ReadVariableOp VarHandleOp VariableV2 StopGradient PreventGradient Snapshot
-BroadcastGradientArgs EnsureShape _Arg _Retval Range
+BroadcastGradientArgs EnsureShape _Arg _Retval Range InvertPermutation ConcatOffset
+""".split())
+
+# Ops on shapes, permutations and handles: they bind no axis of the data.
+_METADATA = frozenset("""
+Const Placeholder NoOp VarHandleOp Shape Size Rank BroadcastGradientArgs ShapeN Range
+InvertPermutation ConcatOffset
+""".split())
+
+# Ops whose output is generated from a shape and a seed: no input axis is one of the output's
+# (dropout masks; the product with the activation ties the mask's axes to it).
+_GENERATORS = frozenset("""
+StatelessRandomGetKeyCounter StatelessRandomGetKeyCounterAlg StatelessRandomGetAlg
+StatelessRandomUniformV2 StatelessRandomNormalV2 StatelessTruncatedNormalV2
+StatelessRandomUniformIntV2 StatelessRandomUniformFullIntV2 StatelessRandomUniform
+StatelessRandomNormal StatelessTruncatedNormal RandomUniform RandomStandardNormal
+TruncatedNormal RandomUniformInt
 """.split())
 
 _UNARY = frozenset("""
@@ -84,10 +102,25 @@ class AxisRule:
     whole: list = dataclasses.field(default_factory=list)
     pass_partial: bool = False
     additive: bool = False
+    conservative: bool = False   # the fallback for an op (or its attributes) this table lacks
 
 
 def _conservative(ins):
-    return AxisRule(whole=[(k, a) for k, t in enumerate(ins) for a in range(t.rank)])
+    return AxisRule(whole=[(k, a) for k, t in enumerate(ins) for a in range(t.rank)],
+                    conservative=True)
+
+
+def conservative_ops(graph):
+    """{op type: count} of a graph's ops whose axis rule is the conservative fallback and
+    that read an axis it can bind (extent > 1): where a split would be gathered for want of
+    a rule. Ops the table knows but whose attributes it could not read count too."""
+    counts = {}
+    for op in graph.ops.values():
+        ins = [graph.tensors[n] for n in op.inputs]
+        outs = [graph.tensors[n] for n in op.outputs]
+        if axis_rule(op, ins, outs).conservative and any(d > 1 for t in ins for d in t.shape):
+            counts[op.type] = counts.get(op.type, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _broadcast_ties(ins, out, input_indices):
@@ -170,18 +203,48 @@ def _matmul_rule(op, ins, outs):
     return AxisRule(ties=ties, contract=[(0, ak), (1, bk)], whole=whole)
 
 
-def _einsum_rule(op, ins, outs):
-    eq = op.attrs.get("equation", "").replace(" ", "")
-    if "..." in eq or "->" not in eq:
-        return _conservative(ins)
+def einsum_terms(equation, ins, outs):
+    """An Einsum's (input terms, output term) with any `...` spelled out as letters of their
+    own, one per broadcast axis (EinsumDense writes `...b,bc->...c`); None if malformed."""
+    eq = equation.replace(" ", "")
+    if "->" not in eq:
+        return None
     lhs, rhs = eq.split("->")
     terms = lhs.split(",")
-    if len(terms) != len(ins):
+    if len(terms) != len(ins) or len(outs) != 1:
+        return None
+    used = set(eq)
+    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in used]
+    ellipsis_rank = max((x.rank - len(term) + 3 for term, x in zip(terms, ins)
+                         if "..." in term), default=0)
+    fill = "".join(free[:ellipsis_rank])
+
+    def spell(term, rank):
+        if "..." not in term:
+            return term if len(term) == rank else None
+        extra = rank - (len(term) - 3)
+        return term.replace("...", fill[len(fill) - extra:]) if 0 <= extra <= len(fill) \
+            else None
+
+    spelled = [spell(term, x.rank) for term, x in zip(terms, ins)]
+    out = spell(rhs, outs[0].rank)
+    if out is None or None in spelled:
+        return None
+    return spelled, out
+
+
+def _einsum_rule(op, ins, outs):
+    terms = einsum_terms(op.attrs.get("equation", ""), ins, outs)
+    if terms is None:
         return _conservative(ins)
+    terms, rhs = terms
     seen, ties, contract = {}, [], []
     ports = [(("i", k), term) for k, term in enumerate(terms)] + [(("o", 0), rhs)]
-    for port, term in ports:
+    extents = [x.shape for x in ins] + [outs[0].shape]
+    for (port, term), shape in zip(ports, extents):
         for axis, label in enumerate(term):
+            if shape[axis] == 1:
+                continue   # a broadcast (or size-1) axis ties nothing
             if label in seen:
                 ties.append((seen[label], (port, axis)))
             else:
@@ -207,15 +270,66 @@ def _reduce_rule(op, ins, outs, linear):
         ties.append(((("i", 0), a), (("o", 0), j)))
         j += 1
     reduced = [(0, a) for a in axes]
+    # A sum (or mean) of partial sums is a partial sum of the result.
     return AxisRule(ties=ties, contract=reduced if linear else [],
-                    whole=[] if linear else reduced)
+                    whole=[] if linear else reduced, pass_partial=linear)
+
+
+def strided_slice_axes(op, rank):
+    """(input axis or None, output axis or None) pairs of a StridedSlice on a rank-`rank`
+    input, from its masks and the length of its `strides`; None where they are unknown.
+
+    A new axis has no input axis; a shrunk (indexed) axis has no output axis."""
+    strides = op.attrs.get("strides")
+    if strides is None or any(s <= 0 for s in strides):
+        return None     # unknown, or a reversal (not the same axis in the same order)
+    bits = {m: op.attrs.get(m + "_mask", 0) for m in ("ellipsis", "new_axis", "shrink_axis")}
+    specs = len(strides)
+    pairs, a, j = [], 0, 0
+    for i in range(specs):
+        if bits["ellipsis"] >> i & 1:
+            named = sum(1 for k in range(specs) if k != i and not bits["new_axis"] >> k & 1)
+            for _ in range(rank - named):
+                pairs.append((a, j))
+                a, j = a + 1, j + 1
+        elif bits["new_axis"] >> i & 1:
+            pairs.append((None, j))
+            j += 1
+        elif bits["shrink_axis"] >> i & 1:
+            pairs.append((a, None))
+            a += 1
+        else:
+            pairs.append((a, j))
+            a, j = a + 1, j + 1
+    pairs.extend((k, j + k - a) for k in range(a, rank))
+    return pairs
+
+
+def _strided_slice_rule(op, ins, outs):
+    # StridedSlice(x, begin, end, strides) -> y; StridedSliceGrad(shape, begin, end, strides,
+    # dy) -> dx of x's shape: the same axes, read the other way.
+    grad = op.type == "StridedSliceGrad"
+    full, sliced = (outs[0], ins[4]) if grad else (ins[0], outs[0])
+    pairs = strided_slice_axes(op, full.rank)
+    if pairs is None:
+        return _conservative(ins)
+    full_port, sliced_port = (("o", 0), ("i", 4)) if grad else (("i", 0), ("o", 0))
+    ties, whole = [], []
+    for a, j in pairs:
+        if a is not None and j is not None and j < sliced.rank and \
+                full.shape[a] == sliced.shape[j]:
+            ties.append(((full_port, a), (sliced_port, j)))
+        elif grad and j is not None and j < sliced.rank and sliced.shape[j] > 1:
+            whole.append((4, j))
+        elif not grad and a is not None and full.shape[a] > 1:
+            whole.append((0, a))
+    return AxisRule(ties=ties, whole=whole)
 
 
 def axis_rule(op, ins, outs):
     """The AxisRule of `op` given its input and output Tensors (static shapes)."""
     t = op.type
-    if t in ("Const", "Placeholder", "NoOp", "VarHandleOp", "Shape", "Size", "Rank",
-             "BroadcastGradientArgs", "ShapeN", "Range"):
+    if t in _METADATA or t in _GENERATORS:
         return AxisRule()
     if t in ("Reshape", "Squeeze", "ExpandDims"):
         ties = [((("i", 0), i), (("o", 0), j)) for i, j in reshape_ties(ins[0].shape,
@@ -229,6 +343,10 @@ def axis_rule(op, ins, outs):
             return _conservative(ins)
         return AxisRule(ties=[((("i", 0), p), (("o", 0), j)) for j, p in enumerate(perm)],
                         pass_partial=True)
+    if t == "IdentityN":
+        # Each output is its input (Keras passes gradients through one before the update).
+        return AxisRule(ties=[((("i", k), a), (("o", k), a)) for k, x in enumerate(ins)
+                              for a in range(x.rank)], pass_partial=True)
     if t == "ReadVariableOp" or t in _UNARY:
         n = min(ins[0].rank, outs[0].rank) if outs else 0
         same = ins[0].shape == outs[0].shape
@@ -253,6 +371,8 @@ def axis_rule(op, ins, outs):
                         contract=[(0, a) for a in range(x.rank) if a != c])
     if t in _MATMUL:
         return _matmul_rule(op, ins, outs)
+    if t in conv_rules.OPS:
+        return AxisRule(**conv_rules.axis_facts(op, ins, outs))
     if t == "Einsum":
         return _einsum_rule(op, ins, outs)
     if t in _LINEAR_REDUCE:
@@ -274,12 +394,16 @@ def axis_rule(op, ins, outs):
     if t in ("GatherV2", "ResourceGather"):
         params, indices = ins[0], ins[1]
         axis = 0 if t == "ResourceGather" else op.attrs.get("axis")
-        if axis is None or op.attrs.get("batch_dims", 0):
+        if axis is None:
             return _conservative(ins)
         axis %= params.rank
+        # Output: params[:axis] + indices[batch_dims:] + params[axis + 1:]; the first
+        # batch_dims axes of params and indices are one (take_along_axis).
+        b = op.attrs.get("batch_dims", 0) % (indices.rank + 1)
         ties = [((("i", 0), a), (("o", 0), a)) for a in range(axis)]
-        ties += [((("i", 1), k), (("o", 0), axis + k)) for k in range(indices.rank)]
-        ties += [((("i", 0), a), (("o", 0), a - 1 + indices.rank))
+        ties += [((("i", 1), k), (("o", 0), k)) for k in range(b)]
+        ties += [((("i", 1), k), (("o", 0), axis + k - b)) for k in range(b, indices.rank)]
+        ties += [((("i", 0), a), (("o", 0), a - 1 + indices.rank - b))
                  for a in range(axis + 1, params.rank)]
         # A lookup into a table split along the gathered axis is a masked lookup plus a sum
         # (vocabulary-parallel embedding): linear, so it leaves a partial sum.
@@ -305,6 +429,25 @@ def axis_rule(op, ins, outs):
                 elif x.shape[a] == out.shape[a]:
                     ties.append(((("i", k), a), (("o", 0), a)))
         return AxisRule(ties=ties, whole=whole)
+    if t in ("StridedSlice", "StridedSliceGrad"):
+        return _strided_slice_rule(op, ins, outs)
+    if t in ("Pack", "Unpack"):
+        # Stacking adds the `axis` axis (Unpack removes it); the others are one axis.
+        many, one = (ins, outs[0]) if t == "Pack" else (outs, ins[0])
+        axis = op.attrs.get("axis", 0) % one.rank
+        side = "i" if t == "Pack" else "o"
+        ties = [(((side, k), a), (("o" if t == "Pack" else "i", 0), a + (a >= axis)))
+                for k, x in enumerate(many) for a in range(x.rank)]
+        return AxisRule(ties=ties, whole=[] if t == "Pack" else [(0, axis)])
+    if t in ("Split", "SplitV"):
+        axis, value = op.attrs.get("axis"), 1 if t == "Split" else 0
+        if axis is None:
+            return _conservative(ins)
+        x = ins[value]
+        axis %= x.rank
+        ties = [((("i", value), a), (("o", k), a)) for k in range(len(outs))
+                for a in range(x.rank) if a != axis]
+        return AxisRule(ties=ties, whole=[(value, axis)])
     if t in ("Slice", "StridedSlice", "Pad", "PadV2", "MirrorPad", "Tile"):
         x, out = ins[0], outs[0]
         if x.rank != out.rank:
@@ -328,6 +471,15 @@ def axis_rule(op, ins, outs):
         var = ins[0]
         ties = [((("i", 0), a), (("i", k), a)) for k in range(1, len(ins))
                 if ins[k].shape == var.shape and var.rank for a in range(var.rank)]
+        return AxisRule(ties=ties)
+    if t.startswith("ResourceScatter"):
+        # (variable, indices, updates): updates are indices.shape + the rows' shape. A row
+        # split (vocabulary-parallel) is written by the device that holds each row.
+        var, indices, updates = ins[0], ins[1], ins[2]
+        q = indices.rank
+        ties = [((("i", 1), a), (("i", 2), a)) for a in range(q)]
+        if updates.rank == q + var.rank - 1:
+            ties += [((("i", 0), a), (("i", 2), q + a - 1)) for a in range(1, var.rank)]
         return AxisRule(ties=ties)
     return _conservative(ins)
 
@@ -353,21 +505,17 @@ def flops_and_bytes(op, ins, outs):
             k = a.shape[-2] if op.attrs.get("adj_x") else a.shape[-1]
         return 2.0 * out.num_elements * k, float(in_bytes + out_bytes)
     if t == "Einsum":
-        eq = op.attrs.get("equation", "").replace(" ", "")
+        terms = einsum_terms(op.attrs.get("equation", ""), ins, outs)
+        if terms is None:
+            return float(outs[0].num_elements), float(in_bytes + out_bytes)
+        # Every label's extent once: one multiply-add per point of the joint index space.
         sizes = {}
-        if "->" in eq and "..." not in eq:
-            for term, x in zip(eq.split("->")[0].split(","), ins):
-                for label, extent in zip(term, x.shape):
-                    sizes[label] = extent
-            return 2.0 * math.prod(sizes.values()), float(in_bytes + out_bytes)
-        return float(outs[0].num_elements), float(in_bytes + out_bytes)
-    if t in ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "DepthwiseConv2dNative"):
-        # 2 * (output elements of the forward conv) * kernel window * input channels.
-        if t == "Conv2D":
-            kh, kw, cin, _ = ins[1].shape
-            return 2.0 * outs[0].num_elements * kh * kw * cin, float(in_bytes + out_bytes)
-        big = max(ins + outs, key=lambda x: x.num_elements)
-        return 2.0 * big.num_elements * 9, float(in_bytes + out_bytes)
+        for term, x in zip(terms[0], ins):
+            for label, extent in zip(term, x.shape):
+                sizes[label] = max(extent, sizes.get(label, 1))
+        return 2.0 * math.prod(sizes.values()), float(in_bytes + out_bytes)
+    if t in conv_rules.OPS:
+        return conv_rules.flops(op, ins, outs), float(in_bytes + out_bytes)
     if writes_variable(t):
         var = ins[0]
         resources = [x for x in ins if x.variable]

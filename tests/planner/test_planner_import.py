@@ -81,8 +81,40 @@ class ImportTest(tf.test.TestCase):
                               input_signature=[tf.TensorSpec([None, 3], tf.float32)])
         with self.assertRaisesRegex(ValueError, "non-static shape.*concrete example inputs"):
             graph_import.from_function(dynamic, [])
+        # With example inputs, a dynamic signature is traced again at their shapes.
+        graph = graph_import.from_function(dynamic, [tf.ones([5, 3])])[0]
+        self.assertEqual(graph.tensors[graph.inputs[0]].shape, (5, 3))
         with self.assertRaisesRegex(ValueError, "tf.function or callable"):
             graph_import.from_function(42, [])
+
+
+class InlinedCallTest(tf.test.TestCase):
+
+    def test_a_called_function_is_replaced_by_its_body(self):
+        w = tf.Variable(tf.ones([8, 16]), name="w_called")
+
+        @tf.function(jit_compile=True)     # as Keras compiles its grouped convolutions
+        def inner(x):
+            return tf.nn.relu(x @ w)
+
+        @tf.function
+        def outer(x):
+            return tf.reduce_sum(inner(x) * 2.0)
+
+        g = graph_import.from_function(outer, [tf.ones([4, 8])])[0]
+        types = [op.type for op in g.ops.values()]
+        self.assertNotIn("StatefulPartitionedCall", types)
+        matmul = next(op for op in g.ops.values() if op.type == "MatMul")
+        self.assertEqual(g.tensors[matmul.outputs[0]].shape, (4, 16))
+        self.assertEqual(matmul.flops, 2 * 4 * 8 * 16)
+        # The body reads the caller's variable: its columns are the relu's, and the call's
+        # output (an IdentityN of the body's) carries the batch axis of the input.
+        link = g.linkage
+        (handle,) = [n for n, t in g.tensors.items() if t.variable == "w_called:0"]
+        relu = next(op for op in g.ops.values() if op.type == "Relu")
+        self.assertEqual(link.group_of[(handle, 1)], link.group_of[(relu.outputs[0], 1)])
+        call = next(op for op in g.ops.values() if op.type == "IdentityN")
+        self.assertEqual(link.group_of[(call.outputs[0], 0)], link.group_of[(g.inputs[0], 0)])
 
 
 class ReshapeAxesTest(tf.test.TestCase):

@@ -21,11 +21,14 @@ class PlanToolTest(tf.test.TestCase):
         result = subprocess.run(
             [sys.executable, "-m", "tf_fusionstitch.tools.plan", "--model=transformer_block",
              "--batch=8", "--seq=128", "--hidden=512", "--heads=8", "--ffn=2048",
-             "--cluster=4xH200", "--strategy=operator", "--search=exhaustive", f"--out={out}"],
+             "--cluster=4xH200", "--strategy=operator", "--search=exhaustive", f"--out={out}",
+             "--coverage"],
             capture_output=True, text=True, timeout=300)
         self.assertEqual(result.returncode, 0, result.stderr[-2000:])
         self.assertIn("Plan for 4xH200", result.stdout)
         self.assertIn("4-way tensor parallel", result.stdout)
+        self.assertIn("import coverage: every op that binds an axis has an axis rule",
+                      result.stdout)
         with open(out) as f:
             plan = planner.Plan.from_json(f.read())
         self.assertEqual(plan.variable_splits["wq:0"], 1)

@@ -8,7 +8,8 @@
 
 Reference models (--model=mlp, transformer_block, bert, bert_base, bert_large) are training
 steps (forward, backward, Adam) built from sizes in graph mode, so no weights are allocated.
-Prints the plan and writes its JSON to --out.
+Prints the plan and writes its JSON to --out. --coverage also lists the op types the planner
+has no axis rule for (it treats each of their inputs as needed whole), with counts.
 """
 
 import os
@@ -51,6 +52,8 @@ def _define_flags():
     flags.DEFINE_integer("layers", None, "Layers (transformer and BERT models).")
     flags.DEFINE_string("function", None, "SavedModel: the tf.function attribute to plan "
                         "(default __call__).")
+    flags.DEFINE_bool("coverage", False, "Also report the op types that fell to the "
+                      "conservative axis rule, with counts.")
 
 
 def _load_graph(model, sizes, function=None):
@@ -69,9 +72,21 @@ def _load_graph(model, sizes, function=None):
     return graph_import.from_saved_model(model, function, sizes.get("batch"))
 
 
+def coverage_report(graph):
+    """Lines naming the op types of `graph` that fell to the conservative axis rule."""
+    from tf_fusionstitch.planner import op_rules
+    fallen = op_rules.conservative_ops(graph)
+    if not fallen:
+        return "import coverage: every op that binds an axis has an axis rule"
+    listed = ", ".join(f"{op_type} x{count}" for op_type, count in fallen.items())
+    return (f"import coverage: {sum(fallen.values())} ops on the conservative rule (inputs "
+            f"needed whole): {listed}")
+
+
 def run(model, cluster="8xH200", strategy="auto", search="greedy", budget=None, seed=0,
-        schedule="1f1b", out=None, function=None, **sizes):
+        schedule="1f1b", out=None, function=None, coverage=False, **sizes):
     """Plans `model` and returns (the printed report, the Plan); writes JSON to `out`.
+    With `coverage`, the report also lists the ops on the conservative axis rule.
 
     Raises ValueError with the reason for bad arguments.
     """
@@ -83,6 +98,8 @@ def run(model, cluster="8xH200", strategy="auto", search="greedy", budget=None, 
     graph = _load_graph(model, sizes, function)
     plan = planner.search_graph(graph, spec, strategy, search, budget, seed, schedule)
     lines = [graph.summary(), str(plan)]
+    if coverage:
+        lines.insert(1, coverage_report(graph))
     if out:
         with open(out, "w") as f:
             f.write(plan.to_json())
@@ -96,7 +113,7 @@ def main(argv):
     try:
         text, _ = run(FLAGS.model, FLAGS.cluster, FLAGS.strategy, FLAGS.search, FLAGS.budget,
                       FLAGS.seed, FLAGS.schedule, FLAGS.out, FLAGS.function,
-                      **{k: getattr(FLAGS, k) for k in _SIZES})
+                      FLAGS.coverage, **{k: getattr(FLAGS, k) for k in _SIZES})
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     print(text)
