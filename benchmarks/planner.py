@@ -47,6 +47,7 @@ class Case:
     budget: int = 300
     sizes: dict = dataclasses.field(default_factory=dict)
     expect: str = ""        # "megatron" or "data": what the DQN's plan should be
+    real: bool = False      # model is a keras_hub / keras.applications entry of REAL_MODELS
 
 
 MLP = dict(batch=64, sizes=(256, 512, 512, 256))
@@ -70,6 +71,12 @@ CASES = [
     Case("resnet50-8xV100", "resnet50", "8xV100", budget=150, expect="data"),
     Case("gpt_6b7-8xV100", "gpt_6b7", "8xV100", budget=100),
 ]
+REAL_CLUSTERS = ("8xV100", "8xH200", "4x8xH200")
+# A plan of these prices in 0.1-0.2 s here (10-21k ops): budget 100 keeps a case to minutes.
+REAL_CASES = [Case(f"{model}-{cluster}", model, cluster, budget=100, real=True,
+                   expect="data" if model == "keras_resnet50" else "")
+              for model in ("hub_bert_large", "hub_gpt2_xl", "hub_llama2_7b", "keras_resnet50")
+              for cluster in REAL_CLUSTERS]
 SMALL = {"mlp": MLP, "transformer_block": dict(batch=4, seq=16, hidden=32, heads=4, ffn=64,
                                                 layers=1),
          "bert_large": dict(batch=8, seq=16, hidden=32, heads=4, ffn=64, layers=2, vocab=64,
@@ -78,8 +85,125 @@ SMALL = {"mlp": MLP, "transformer_block": dict(batch=4, seq=16, hidden=32, heads
          "gpt_6b7": dict(batch=8, seq=16, hidden=32, heads=4, ffn=64, layers=2, vocab=64),
          "resnet50": dict(batch=8, image=16, blocks=(1, 1), widths=(4, 8), classes=10)}
 
+# -- real models: keras_hub backbones and keras.applications ResNet50 -------------------------
+
+# Each is built in graph mode (tf.Graph, variables as VarHandleOp nodes, nothing allocated) at
+# full depth, width and the stated global batch and sequence, so the IR is the model's own
+# and needs no scaling. Text backbones train a 16-class token head (no pretraining head), SGD;
+# ResNet50 trains its 1000-class head, SGD with momentum. Dropout 0, as in the planner tests.
+LABELS = 16
+REAL_MODELS = {
+    # BERT-large (Devlin et al.): 24 layers, hidden 1024, 16 heads, FFN 4096, vocab 30522.
+    "hub_bert_large": dict(
+        constructor="BertBackbone", segments=True, batch=256, seq=128,
+        args=dict(vocabulary_size=30522, num_layers=24, num_heads=16, hidden_dim=1024,
+                  intermediate_dim=4096, max_sequence_length=512, dropout=0.0),
+        small=dict(vocabulary_size=64, num_layers=2, num_heads=4, hidden_dim=32,
+                   intermediate_dim=64, max_sequence_length=64, dropout=0.0)),
+    # GPT-2 XL (1.5B): 48 layers, hidden 1600, 25 heads, FFN 6400, vocab 50257, context 1024.
+    "hub_gpt2_xl": dict(
+        constructor="GPT2Backbone", segments=False, batch=16, seq=1024,
+        args=dict(vocabulary_size=50257, num_layers=48, num_heads=25, hidden_dim=1600,
+                  intermediate_dim=6400, max_sequence_length=1024, dropout=0.0),
+        small=dict(vocabulary_size=64, num_layers=2, num_heads=4, hidden_dim=32,
+                   intermediate_dim=64, max_sequence_length=64, dropout=0.0)),
+    # Llama-2 7B's shape: 32 layers, hidden 4096, 32 query and key/value heads, SwiGLU 11008.
+    "hub_llama2_7b": dict(
+        constructor="LlamaBackbone", segments=False, batch=16, seq=1024,
+        args=dict(vocabulary_size=32000, num_layers=32, num_query_heads=32,
+                  num_key_value_heads=32, hidden_dim=4096, intermediate_dim=11008),
+        small=dict(vocabulary_size=64, num_layers=2, num_query_heads=4, num_key_value_heads=4,
+                   hidden_dim=32, intermediate_dim=64)),
+    "keras_resnet50": dict(batch=256, image=224, classes=1000, small_image=32, small_batch=8),
+}
+REAL_SMALL_BATCH, REAL_SMALL_SEQ = 8, 16
+# Megatron's column-parallel kernels (split on axis 1), by name suffix, per naming scheme.
+MEGATRON_COLUMNS = (("wq:0", "w1:0"),
+                    ("query/kernel:0", "feedforward_gate_dense/kernel:0",
+                     "feedforward_intermediate_dense/kernel:0"),
+                    ("query/kernel:0", "feedforward_intermediate_dense/kernel:0"))
+
+
+def _text_step_graph(spec, small):
+    import keras
+    import keras_hub
+    import tensorflow as tf
+    batch, seq = (REAL_SMALL_BATCH, REAL_SMALL_SEQ) if small else (spec["batch"], spec["seq"])
+    args = spec["small" if small else "args"]
+    names = ["token_ids", "padding_mask"] + (["segment_ids"] if spec["segments"] else [])
+    graph = tf.Graph()
+    with graph.as_default():
+        backbone = getattr(keras_hub.models, spec["constructor"])(**args)
+        head = keras.layers.Dense(LABELS, name="token_head")
+        head.build((batch, seq, args["hidden_dim"]))
+        # BERT's pooler and Llama's output embedding feed no loss here: no gradient, no update.
+        variables = [v for v in backbone.trainable_variables + head.trainable_variables
+                     if not v.path.startswith(("pooled_dense", "token_embedding/reverse"))]
+        optimizer = keras.optimizers.SGD(0.01)
+        optimizer.build(variables)
+        first = len(graph.get_operations())
+        inputs = [tf.compat.v1.placeholder(tf.int32, (batch, seq), name=n)
+                  for n in names + ["labels"]]
+        with tf.GradientTape() as tape:
+            out = backbone(dict(zip(names, inputs[:-1])), training=True)
+            out = out["sequence_output"] if isinstance(out, dict) else out
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                inputs[-1], head(out)))
+        grads = tape.gradient(loss, [v.value for v in variables])
+        optimizer.apply_gradients(zip(grads, variables))
+    return graph, inputs, loss, graph.get_operations()[first:]
+
+
+def _resnet_step_graph(spec, small):
+    import keras
+    import tensorflow as tf
+    batch, side = (spec["small_batch"], spec["small_image"]) if small else \
+        (spec["batch"], spec["image"])
+    graph = tf.Graph()
+    with graph.as_default():
+        model = keras.applications.ResNet50(weights=None, input_shape=(side, side, 3),
+                                            classes=spec["classes"])
+        optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+        optimizer.build(model.trainable_variables)
+        first = len(graph.get_operations())
+        inputs = [tf.compat.v1.placeholder(tf.float32, (batch, side, side, 3), name="images"),
+                  tf.compat.v1.placeholder(tf.int32, (batch,), name="labels")]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                inputs[1], model(inputs[0], training=True)))
+        variables = model.trainable_variables
+        grads = tape.gradient(loss, [v.value for v in variables])
+        optimizer.apply_gradients(zip(grads, variables))
+    return graph, inputs, loss, graph.get_operations()[first:]
+
+
+def real_model_ir(model, small=False):
+    """The planner IR of a REAL_MODELS entry's train step (tiny sizes if `small`)."""
+    from tf_fusionstitch.planner import graph_import
+    spec = REAL_MODELS[model]
+    build = _resnet_step_graph if model == "keras_resnet50" else _text_step_graph
+    graph, inputs, loss, ops = build(spec, small)
+    return graph_import.from_tf_graph(graph, graph_import.variables_of_graph(graph),
+                                      [t.name for t in inputs], [loss.name], ops=ops,
+                                      name=model)
+
+
+def build_ir(case, small):
+    if case.real:
+        return real_model_ir(case.model, small)
+    sizes = SMALL.get(case.model, case.sizes) if small else case.sizes
+    return reference_models.build_graph_ir(case.model, **sizes)
+
+
 FLAGS = flags.FLAGS
-flags.DEFINE_list("cases", [c.name for c in CASES], "Cases to run.")
+flags.DEFINE_list("cases", [], "Cases to run; default every case --models selects.")
+flags.DEFINE_enum("models", "all", ["all", "reference", "real"],
+                  "Default case set: the planner's reference models, the real models "
+                  "(keras_hub BERT-large, GPT-2 XL and Llama-2 7B-shaped backbones and "
+                  "keras.applications ResNet50, each on 8xV100, 8xH200 and 4x8xH200), or both. "
+                  "The real models are in the default run: built in graph mode (nothing "
+                  "allocated), each imports in under 15 s and prices a plan in 0.1-0.2 s, so "
+                  "their 12 cases add tens of minutes at 5 seeds.")
 flags.DEFINE_integer("seeds", 5, "Seeds per seeded method (random, annealing, dqn).")
 flags.DEFINE_integer("budget", None, "Distinct plans priced per run; default per case.")
 flags.DEFINE_integer("exhaustive_limit", 20000, "Largest space searched exhaustively.")
@@ -159,18 +283,22 @@ def _config_of(env, plan):
 def megatron_config(env):
     """Megatron's plan on all devices (heads and FFN units split), if the graph has it."""
     n = env.cluster.num_devices
-    units = frozenset(u.index for u in env.link.units if any(
-        (v.endswith("wq:0") or v.endswith("w1:0")) and a == 1 for v, a in u.variables))
-    if len(units) != 2 or (1, n, 1) not in env.meshes or \
-            set(units) - set(env.link.legal_units(set(), n)):
+    for columns in MEGATRON_COLUMNS:
+        found = {s: {u.index for u in env.link.units for v, a in u.variables
+                     if v.endswith(s) and a == 1} for s in columns}
+        if all(found.values()):
+            units = frozenset().union(*found.values())
+            break
+    else:
+        return None
+    if (1, n, 1) not in env.meshes or set(units) - set(env.link.legal_units(set(), n)):
         return None
     return planner.Config(tensor_parallel=n, split_units=units, schedule=env.schedule)
 
 
 def run_case(case, seeds, budget, exhaustive_limit, small):
-    sizes = SMALL.get(case.model, case.sizes) if small else case.sizes
     t0 = time.perf_counter()
-    graph = reference_models.build_graph_ir(case.model, **sizes)
+    graph = build_ir(case, small)
     base = planner.PlanEnv(graph, planner.get_cluster(case.cluster), case.strategy)
     setup = time.perf_counter() - t0
     shared, runs = {}, []
@@ -207,8 +335,7 @@ def _print_run(r):
 
 def cold_dqn(case, seeds, budget, small):
     """DQN wall time with its own cost model and nothing shared (what a user waits)."""
-    sizes = SMALL.get(case.model, case.sizes) if small else case.sizes
-    graph = reference_models.build_graph_ir(case.model, **sizes)
+    graph = build_ir(case, small)
     out = []
     for seed in range(seeds):
         t0 = time.perf_counter()
@@ -354,15 +481,17 @@ def verdict(res, best, rows):
 
 def main(argv):
     del argv
-    known = {c.name: c for c in CASES}
+    known = {c.name: c for c in CASES + REAL_CASES}
     unknown = set(FLAGS.cases) - set(known)
     if unknown:
         raise app.UsageError(f"unknown --cases {sorted(unknown)}; choose from {list(known)}")
+    names = FLAGS.cases or [c.name for c in {"all": CASES + REAL_CASES, "reference": CASES,
+                                             "real": REAL_CASES}[FLAGS.models]]
     load = os.getloadavg()[0]
     results = [run_case(known[n], FLAGS.seeds, FLAGS.budget, FLAGS.exhaustive_limit,
-                        FLAGS.small) for n in FLAGS.cases]
+                        FLAGS.small) for n in names]
     cold = None
-    if FLAGS.cold_case and FLAGS.cold_case in FLAGS.cases:
+    if FLAGS.cold_case and FLAGS.cold_case in names:
         print(f"\ncold DQN timing on {FLAGS.cold_case}", flush=True)
         cold = (FLAGS.cold_case, cold_dqn(known[FLAGS.cold_case], FLAGS.seeds, FLAGS.budget,
                                           FLAGS.small))
