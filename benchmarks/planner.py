@@ -92,21 +92,21 @@ SMALL = {"mlp": MLP, "transformer_block": dict(batch=4, seq=16, hidden=32, heads
 # and needs no scaling. Text backbones train a 16-class token head (no pretraining head), SGD;
 # ResNet50 trains its 1000-class head, SGD with momentum. Dropout 0, as in the planner tests.
 LABELS = 16
+_SMALL_ENCODER = dict(vocabulary_size=64, num_layers=2, num_heads=4, hidden_dim=32,
+                      intermediate_dim=64, max_sequence_length=64, dropout=0.0)
 REAL_MODELS = {
     # BERT-large (Devlin et al.): 24 layers, hidden 1024, 16 heads, FFN 4096, vocab 30522.
     "hub_bert_large": dict(
         constructor="BertBackbone", segments=True, batch=256, seq=128,
         args=dict(vocabulary_size=30522, num_layers=24, num_heads=16, hidden_dim=1024,
                   intermediate_dim=4096, max_sequence_length=512, dropout=0.0),
-        small=dict(vocabulary_size=64, num_layers=2, num_heads=4, hidden_dim=32,
-                   intermediate_dim=64, max_sequence_length=64, dropout=0.0)),
+        small=_SMALL_ENCODER),
     # GPT-2 XL (1.5B): 48 layers, hidden 1600, 25 heads, FFN 6400, vocab 50257, context 1024.
     "hub_gpt2_xl": dict(
         constructor="GPT2Backbone", segments=False, batch=16, seq=1024,
         args=dict(vocabulary_size=50257, num_layers=48, num_heads=25, hidden_dim=1600,
                   intermediate_dim=6400, max_sequence_length=1024, dropout=0.0),
-        small=dict(vocabulary_size=64, num_layers=2, num_heads=4, hidden_dim=32,
-                   intermediate_dim=64, max_sequence_length=64, dropout=0.0)),
+        small=_SMALL_ENCODER),
     # Llama-2 7B's shape: 32 layers, hidden 4096, 32 query and key/value heads, SwiGLU 11008.
     "hub_llama2_7b": dict(
         constructor="LlamaBackbone", segments=False, batch=16, seq=1024,
