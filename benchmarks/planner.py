@@ -2,6 +2,11 @@
 
   python benchmarks/planner.py                          # every case, writes RESULTS.md
   python benchmarks/planner.py --cases=mlp-4xV100 --seeds=3 --out=
+  python benchmarks/planner.py --models=real            # only the keras / keras_hub models
+
+Cases are the planner's reference models (`reference_models`, `more_models`) and real models:
+keras_hub BERT-large, GPT-2 XL and Llama-2 7B-shaped backbones and keras.applications ResNet50,
+built from constructors in graph mode at full size (nothing allocated; see REAL_MODELS).
 
 For each case (a reference model, a cluster preset, a strategy and a budget B of distinct
 plans priced): exhaustive search where the space has at most --exhaustive_limit plans, DP,
