@@ -79,7 +79,7 @@ CASES = [
 REAL_CLUSTERS = ("8xV100", "8xH200", "4x8xH200")
 # A plan of these prices in 0.1-0.2 s here (10-21k ops): budget 100 keeps a case to minutes.
 REAL_CASES = [Case(f"{model}-{cluster}", model, cluster, budget=100, real=True,
-                   expect="data" if model == "keras_resnet50" else "")
+                   expect="data" if model == "keras_resnet50" else "megatron")
               for model in ("hub_bert_large", "hub_gpt2_xl", "hub_llama2_7b", "keras_resnet50")
               for cluster in REAL_CLUSTERS]
 SMALL = {"mlp": MLP, "transformer_block": dict(batch=4, seq=16, hidden=32, heads=4, ffn=64,
@@ -324,10 +324,12 @@ def run_case(case, seeds, budget, exhaustive_limit, small):
             runs.append(run_one(base, shared, method, budget, seed))
             _print_run(runs[-1])
     mega = megatron_config(base)
-    mega_time = SharedEnv(base, shared).evaluate(mega).step_time if mega else None
+    mega_est = SharedEnv(base, shared).evaluate(mega) if mega else None
     dp_est = SharedEnv(base, shared).evaluate(search_common.reference_config(base))
     return dict(case=case, graph=graph.summary(), runs=runs, budget=budget,
-                megatron=mega_time, data_parallel=(dp_est.step_time, dp_est.feasible),
+                megatron=mega_est.step_time if mega_est else None,
+                megatron_fits=bool(mega_est and mega_est.feasible),
+                data_parallel=(dp_est.step_time, dp_est.feasible),
                 setup=setup, meshes=len(base.meshes))
 
 
@@ -419,6 +421,7 @@ def markdown(results, cold, seeds, load):
                   f"{best * 1e3:.4g} ms; pure data parallel: {dp_time * 1e3:.4g} ms"
                   f"{'' if dp_ok else ' (does not fit in memory)'}"
                   + (f"; Megatron (t = all devices): {res['megatron'] * 1e3:.4g} ms"
+                     + ("" if res["megatron_fits"] else " (does not fit in memory)")
                      if res["megatron"] else "") + ".", "",
                   "| method | runs | best step (ms), mean | spread | gap mean | gap worst | "
                   "hits | to best | priced | wall (s) | plan (d x t x p, m) |",
