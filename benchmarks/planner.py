@@ -77,7 +77,7 @@ CASES = [
     Case("gpt_6b7-8xV100", "gpt_6b7", "8xV100", budget=100),
 ]
 REAL_CLUSTERS = ("8xV100", "8xH200", "4x8xH200")
-# A plan of these prices in 0.1-0.2 s here (10-21k ops): budget 100 keeps a case to minutes.
+# A plan of these prices in about 0.1 s here (8-21k ops): budget 100 keeps a case to ~1 min.
 REAL_CASES = [Case(f"{model}-{cluster}", model, cluster, budget=100, real=True,
                    expect="data" if model == "keras_resnet50" else "megatron")
               for model in ("hub_bert_large", "hub_gpt2_xl", "hub_llama2_7b", "keras_resnet50")
@@ -207,8 +207,9 @@ flags.DEFINE_enum("models", "all", ["all", "reference", "real"],
                   "(keras_hub BERT-large, GPT-2 XL and Llama-2 7B-shaped backbones and "
                   "keras.applications ResNet50, each on 8xV100, 8xH200 and 4x8xH200), or both. "
                   "The real models are in the default run: built in graph mode (nothing "
-                  "allocated), each imports in under 15 s and prices a plan in 0.1-0.2 s, so "
-                  "their 12 cases add tens of minutes at 5 seeds.")
+                  "allocated), each imports in under 15 s and prices a plan in about 0.1 s, "
+                  "so their 12 cases take ~12 of the whole run's ~23 minutes at 5 seeds on "
+                  "a loaded 2-core machine.")
 flags.DEFINE_integer("seeds", 5, "Seeds per seeded method (random, annealing, dqn).")
 flags.DEFINE_integer("budget", None, "Distinct plans priced per run; default per case.")
 flags.DEFINE_integer("exhaustive_limit", 20000, "Largest space searched exhaustively.")
