@@ -30,18 +30,18 @@ def _check(strategy, method):
 
 
 def search_graph(graph, cluster="8xH200", strategy="auto", method="greedy", budget=None,
-                 seed=0, schedule="1f1b"):
+                 seed=0, schedule="1f1b", fusion="none"):
     """Searches a plan for an already imported `ir.Graph`. Returns a `Plan`."""
     from tf_fusionstitch.planner import searches
     _check(strategy, method)
-    env = PlanEnv(graph, get_cluster(cluster), strategy, schedule=schedule)
+    env = PlanEnv(graph, get_cluster(cluster), strategy, schedule=schedule, fusion=fusion)
     plan, calls = searches.run(env, method, budget, seed)
     plan.cost_model_calls = calls
     return plan
 
 
 def search(fn, example_inputs, cluster="8xH200", strategy="auto", method="greedy",
-           budget=None, seed=0, variables=(), schedule="1f1b"):
+           budget=None, seed=0, variables=(), schedule="1f1b", fusion="none"):
     """Traces `fn` (a training step or inference tf.function) and searches a plan.
 
     cluster: a preset (`8xV100`, `8xA100`, `8xH200`, `4x8xH200`, `cpu-localhost`), an
@@ -53,10 +53,12 @@ def search(fn, example_inputs, cluster="8xH200", strategy="auto", method="greedy
       task-specific pruning; imports TensorFlow); budget caps cost-model calls (distinct
       plans priced); seed drives "random", "annealing" and "dqn" (same seed, same plan).
     variables: extra tf.Variables the function uses only through raw handles.
+    fusion: how memory-intensive ops are priced: "none" (one kernel each, TF's executor),
+      "stitch" (clusters as tf_fusionstitch fuses them) or "xla" (as XLA fuses them).
     Returns a `Plan` (its `cost_model_calls` says what the search used).
     """
     _check(strategy, method)
     cluster = get_cluster(cluster)   # fail on a bad spec before tracing
     from tf_fusionstitch.planner import graph_import
     graph, _, _ = graph_import.from_function(fn, example_inputs, variables=variables)
-    return search_graph(graph, cluster, strategy, method, budget, seed, schedule)
+    return search_graph(graph, cluster, strategy, method, budget, seed, schedule, fusion)

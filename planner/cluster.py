@@ -12,17 +12,18 @@ import re
 
 # Per-device figures from vendor data sheets (dense, no sparsity). `flops` is the peak the
 # planner's roofline uses for the preset's default dtype; the comment says which.
+# `compute_units`: streaming multiprocessors (V100 80, A100 108, H200 SXM 132).
 _DEVICES = {
     # V100 SXM2 32GB: 15.7 TFLOP/s FP32 (FP32 chosen: see tests/planner/test_planner_cost_model.py),
     # 900 GB/s HBM2, NVLink2 6 links x 25 GB/s per direction = 150 GB/s.
-    "V100": dict(device_type="GPU", flops=15.7e12, memory=32e9, memory_bandwidth=900e9,
+    "V100": dict(device_type="GPU", compute_units=80, flops=15.7e12, memory=32e9, memory_bandwidth=900e9,
                  intra_bandwidth=150e9, intra_latency=5e-6, op_overhead=5e-6),
     # A100 SXM4 80GB: 19.5 TFLOP/s FP32 (156 TF32), 2039 GB/s, NVLink3 300 GB/s per direction.
-    "A100": dict(device_type="GPU", flops=19.5e12, memory=80e9, memory_bandwidth=2039e9,
+    "A100": dict(device_type="GPU", compute_units=108, flops=19.5e12, memory=80e9, memory_bandwidth=2039e9,
                  intra_bandwidth=300e9, intra_latency=5e-6, op_overhead=5e-6),
     # H200 SXM: 67 TFLOP/s FP32 (989 dense BF16), 141 GB HBM3e at 4.8 TB/s, NVLink4 450 GB/s
     # per direction.
-    "H200": dict(device_type="GPU", flops=67e12, memory=141e9, memory_bandwidth=4.8e12,
+    "H200": dict(device_type="GPU", compute_units=132, flops=67e12, memory=141e9, memory_bandwidth=4.8e12,
                  intra_bandwidth=450e9, intra_latency=5e-6, op_overhead=5e-6),
 }
 # Between nodes: one 200 Gb/s InfiniBand HDR NIC per GPU (V100, A100 generation) or 400 Gb/s
@@ -36,6 +37,8 @@ class ClusterSpec:
 
     Units: FLOP/s, bytes, bytes/s, seconds. Bandwidths are per device and per direction, as a
     ring collective sees them. `op_overhead` is the fixed cost of launching one op.
+    `compute_units` (streaming multiprocessors of a GPU; 0 for none) is how many output tiles
+    of a matrix product run at once: the cost model prices products in whole waves of tiles.
     """
     name: str
     devices_per_node: int
@@ -49,6 +52,7 @@ class ClusterSpec:
     inter_latency: float
     device_type: str = "GPU"
     op_overhead: float = 0.0
+    compute_units: int = 0
 
     def __post_init__(self):
         for field in ("devices_per_node", "nodes"):
@@ -56,6 +60,10 @@ class ClusterSpec:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"cluster spec field {field!r} must be a positive integer, "
                                  f"got {value!r}")
+        units = self.compute_units
+        if not isinstance(units, int) or isinstance(units, bool) or units < 0:
+            raise ValueError("cluster spec field 'compute_units' must be an integer >= 0 "
+                             f"(0: no wave quantization), got {units!r}")
         for field in ("flops", "memory", "memory_bandwidth", "intra_bandwidth"):
             value = getattr(self, field)
             if not _is_number(value) or not value > 0 or math.isinf(value):
@@ -173,7 +181,7 @@ def get_cluster(spec):
             if overrides and "name" not in overrides:
                 base["name"] = f"{spec['base']}(custom)"
             return ClusterSpec(**base)
-        missing = _FIELDS - set(spec) - {"device_type", "op_overhead"}
+        missing = _FIELDS - set(spec) - {"device_type", "op_overhead", "compute_units"}
         if missing:
             raise ValueError(f"cluster spec is missing field(s) {sorted(missing)} (or give "
                              f"'base': a preset to override)")

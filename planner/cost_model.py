@@ -14,8 +14,9 @@ Nothing overlaps: compute and communication add up (a pessimistic, explainable c
 
 import dataclasses
 import itertools
+import math
 
-from tf_fusionstitch.planner import ir, op_rules
+from tf_fusionstitch.planner import fused_pricing, ir, op_rules
 
 # -- the formulas -----------------------------------------------------------------------------
 
@@ -25,6 +26,30 @@ def roofline_time(flops, nbytes, peak_flops, memory_bandwidth, overhead=0.0):
     if flops <= 0 and nbytes <= 0:
         return 0.0
     return max(flops / peak_flops, nbytes / memory_bandwidth) + overhead
+
+
+# Output tile of one thread block of a large matrix product: cuBLAS's large-problem FP32
+# and FP16 kernels use 128 x 128 (or larger) tiles.
+GEMM_TILE = 128 * 128
+_GEMMS = frozenset("Einsum Conv2D Conv2DBackpropInput Conv2DBackpropFilter".split())
+
+
+def wave_efficiency(output_elements, compute_units, tile=GEMM_TILE):
+    """Fraction of a GPU's peak a matrix product of this output size can use.
+
+    A product with at least one full wave of large tiles runs them in waves of
+    `compute_units` at once, and its last wave runs part full (wave quantization, NVIDIA's
+    "Matrix Multiplication Background" guide): 256 tiles on 80 units take 4 waves, the time
+    of 320 tiles, so 80%. A smaller product is tiled finer (or split along its contraction)
+    to fill the device and is priced at peak: its time is launch and memory bound anyway.
+    0 units: no quantization (CPUs, custom specs).
+    """
+    if compute_units <= 0 or output_elements <= 0:
+        return 1.0
+    tiles = math.ceil(output_elements / tile)
+    if tiles < compute_units:
+        return 1.0
+    return tiles / (math.ceil(tiles / compute_units) * compute_units)
 
 
 def all_reduce_time(nbytes, n, bandwidth, latency):
@@ -168,6 +193,7 @@ class TensorParallelAnalysis:
     """
 
     def __init__(self, graph, split_groups, t):
+        self.degree = t
         self.divisor = {}
         self.collectives = []
         link = graph.linkage
@@ -252,13 +278,21 @@ class CostModel:
 
     Counts its calls to `evaluate` (searches report them), and caches tensor-parallel
     analyses, which depend only on the split units and the degree.
+
+    fusion: how memory-intensive ops are priced (`fused_pricing.RULES`): "none", each op
+    its own kernel as TF's executor runs it; "stitch", clusters as tf_fusionstitch fuses
+    them; "xla", clusters as XLA fuses them on GPUs.
     """
 
     MAX_PIPELINE_UNITS = 32
 
-    def __init__(self, graph, cluster):
+    def __init__(self, graph, cluster, fusion="none"):
+        if fusion not in fused_pricing.RULES:
+            raise ValueError(f"unknown fusion {fusion!r}; use one of "
+                             f"{', '.join(fused_pricing.RULES)}")
         self.graph = graph
         self.cluster = cluster
+        self.fusion = fusion
         self.calls = 0
         self._tp_cache = {}
         link = graph.linkage
@@ -278,6 +312,42 @@ class CostModel:
                       if not tensors[n].variable and
                       any(graph.ops[c].phase != ir.FORWARD for c in tensors[n].consumers)]
         self._build_pipeline_units()
+        self._fused = {}   # pipeline cuts -> fused costs (kernels do not span stages)
+        # Matrix products and convolutions (implicit GEMMs): the output their tiles cover.
+        self.gemm_output = {op.name: op.outputs[0] for op in graph.ops.values()
+                            if op.outputs and (op_rules.is_matmul(op.type) or
+                                               op.type in _GEMMS)}
+
+    def fused_costs(self, cuts=()):
+        """{op name: fused_pricing.FusedCost} under pipeline `cuts` ({} without fusion)."""
+        if self.fusion == "none":
+            return {}
+        if cuts not in self._fused:
+            stage = self.stage_of_unit(cuts)
+            self._fused[cuts] = fused_pricing.fused_costs(
+                self.graph, {name: (op.phase, stage[self.anchor[name]])
+                             for name, op in self.graph.ops.items()}, self.fusion)
+        return self._fused[cuts]
+
+    def op_time(self, op, k, tp, fused):
+        """Time of one op on one device: its batch split `k` ways (replicas x micro-batches),
+        its share under tensor parallelism `tp`, its cluster's share under `fused`
+        (`fused_costs`); a matrix product's in waves of tiles."""
+        c = self.cluster
+        div = tp.divisor[op.name] * (k if self.op_has_batch[op.name] else 1)
+        flops = op.flops / div
+        if op.name in self.gemm_output:
+            out = self.gemm_output[op.name]
+            per_device = self.graph.tensors[out].num_elements / (
+                k if self.has_batch[out] else 1) / (
+                tp.degree if tp.split_axis.get(out) is not None else 1)
+            flops /= wave_efficiency(per_device, c.compute_units)
+        fused = fused.get(op.name)
+        if fused is None:
+            return roofline_time(flops, op.bytes / div, c.flops, c.memory_bandwidth,
+                                 0.0 if op_rules.is_free(op.type) else c.op_overhead)
+        return roofline_time(flops, fused.bytes / div, c.flops,
+                             c.memory_bandwidth) + (c.op_overhead if fused.launches else 0.0)
 
     # -- pipeline units and anchors --------------------------------------------------------
 
@@ -410,10 +480,9 @@ class CostModel:
         pp_bw, pp_lat = c.link(2, t * d)
         compute = [0.0] * p
         update = [0.0] * p
+        fused = self.fused_costs(tuple(config.cuts))
         for op in graph.ops.values():
-            div = tp.divisor[op.name] * (k if self.op_has_batch[op.name] else 1)
-            x = roofline_time(op.flops / div, op.bytes / div, c.flops, c.memory_bandwidth,
-                              0.0 if op_rules.is_free(op.type) else c.op_overhead)
+            x = self.op_time(op, k, tp, fused)
             (update if op.phase == ir.UPDATE else compute)[stage[op.name]] += x
         collectives = []
         for col in tp.collectives:
@@ -486,13 +555,13 @@ class CostModel:
         tp = self.tensor_parallel(split_units, t)
         tp_bw, tp_lat = c.link(t, 1)
         comp, mem, acts = [0.0] * n, [0.0] * n, [0.0] * n
+        # Clusters as without cuts: a cut through one prices it fused (the plan's own
+        # `evaluate` then prices it split).
+        fused = self.fused_costs()
         for op in graph.ops.values():
             if op.phase == ir.UPDATE:
                 continue
-            div = tp.divisor[op.name] * (k if self.op_has_batch[op.name] else 1)
-            comp[self.anchor[op.name]] += roofline_time(
-                op.flops / div, op.bytes / div, c.flops, c.memory_bandwidth,
-                0.0 if op_rules.is_free(op.type) else c.op_overhead)
+            comp[self.anchor[op.name]] += self.op_time(op, k, tp, fused)
         for col in tp.collectives:
             scaled = col.nbytes / (k if self.has_batch[col.tensor] else 1)
             comp[self.anchor[col.op]] += COLLECTIVE_TIME[col.kind](scaled, t, tp_bw, tp_lat)

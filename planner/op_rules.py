@@ -82,6 +82,11 @@ def is_elementwise(op_type):
     return op_type in _UNARY or op_type in _NARY
 
 
+def is_generator(op_type):
+    """A random-number op whose output comes from a shape and a seed, not from data."""
+    return op_type in _GENERATORS
+
+
 def is_reduction(op_type):
     """A reduction over axes given as an input (Sum, Mean, Max, ...)."""
     return op_type in _LINEAR_REDUCE or op_type in _OTHER_REDUCE

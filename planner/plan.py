@@ -36,6 +36,7 @@ class Plan:
     cuts: list = dataclasses.field(default_factory=list)
     infeasible_reason: str = ""
     tp_collectives: dict = dataclasses.field(default_factory=dict)
+    fusion: str = "none"     # how the cost model priced memory-intensive ops
 
     @property
     def num_stages(self):
@@ -93,7 +94,9 @@ class Plan:
             f"  mesh: {self.replicas} replicas x {self.tensor_parallel}-way tensor parallel x "
             f"{self.num_stages} pipeline stages, {self.micro_batches} micro-batches "
             f"({self.schedule})",
-            f"  predicted step time: {self.predicted_step_time * 1e3:.3f} ms; peak memory per "
+            f"  predicted step time: {self.predicted_step_time * 1e3:.3f} ms"
+            + ("" if self.fusion == "none" else f" (memory-intensive ops fused: {self.fusion})")
+            + f"; peak memory per "
             f"device: {self.peak_memory_per_device / 1e9:.2f} GB of {spec.memory / 1e9:.0f} GB"
             + ("" if self.feasible else f"  INFEASIBLE: {self.infeasible_reason}"),
         ]

@@ -38,7 +38,8 @@ def make_plan(env, config, method):
         cluster=env.cluster.to_dict(), strategy=env.strategy, method=method,
         schedule=config.schedule,
         split_units=[link.units[u].label for u in sorted(config.split_units)],
-        cuts=list(config.cuts), infeasible_reason=est.reason, tp_collectives=counts)
+        cuts=list(config.cuts), infeasible_reason=est.reason, tp_collectives=counts,
+        fusion=env.cost.fusion)
 
 
 class Budget:

@@ -44,14 +44,15 @@ class Decision:
 class PlanEnv:
     """The environment: legal decisions, transitions and (cached, counted) evaluation."""
 
-    def __init__(self, graph, cluster, strategy="auto", schedule="1f1b", max_micro_batches=32):
+    def __init__(self, graph, cluster, strategy="auto", schedule="1f1b", max_micro_batches=32,
+                 fusion="none"):
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
         self.graph = graph
         self.cluster = cluster
         self.strategy = strategy
         self.schedule = schedule
-        self.cost = cost_model.CostModel(graph, cluster)
+        self.cost = cost_model.CostModel(graph, cluster, fusion)
         self.link = graph.linkage
         self.num_units = len(self.link.units)
         self.batch = graph.batch_size

@@ -42,6 +42,10 @@ def _define_flags():
                          "method).")
     flags.DEFINE_integer("seed", 0, "Seed of the random, annealing and DQN searches.")
     flags.DEFINE_enum("schedule", "1f1b", ["1f1b", "gpipe"], "Pipeline schedule.")
+    flags.DEFINE_enum("fusion", "none", ["none", "stitch", "xla"],
+                      "How memory-intensive ops are priced: one kernel each (TF's executor), "
+                      "or fused into clusters as tf_fusionstitch ('stitch') or XLA fuses "
+                      "them.")
     flags.DEFINE_string("out", None, "Write the plan's JSON here.")
     flags.DEFINE_integer("batch", None, "Global batch size (reference models; for a "
                          "SavedModel, the extent given to unknown dimensions).")
@@ -84,7 +88,7 @@ def coverage_report(graph):
 
 
 def run(model, cluster="8xH200", strategy="auto", search="greedy", budget=None, seed=0,
-        schedule="1f1b", out=None, function=None, coverage=False, **sizes):
+        schedule="1f1b", out=None, function=None, coverage=False, fusion="none", **sizes):
     """Plans `model` and returns (the printed report, the Plan); writes JSON to `out`.
     With `coverage`, the report also lists the ops on the conservative axis rule.
 
@@ -96,7 +100,7 @@ def run(model, cluster="8xH200", strategy="auto", search="greedy", budget=None, 
         raise ValueError(f"unknown size(s) {sorted(unknown)}; sizes are {', '.join(_SIZES)}")
     spec = planner.get_cluster(cluster)
     graph = _load_graph(model, sizes, function)
-    plan = planner.search_graph(graph, spec, strategy, search, budget, seed, schedule)
+    plan = planner.search_graph(graph, spec, strategy, search, budget, seed, schedule, fusion)
     lines = [graph.summary(), str(plan)]
     if coverage:
         lines.insert(1, coverage_report(graph))
@@ -113,7 +117,7 @@ def main(argv):
     try:
         text, _ = run(FLAGS.model, FLAGS.cluster, FLAGS.strategy, FLAGS.search, FLAGS.budget,
                       FLAGS.seed, FLAGS.schedule, FLAGS.out, FLAGS.function,
-                      FLAGS.coverage, **{k: getattr(FLAGS, k) for k in _SIZES})
+                      FLAGS.coverage, FLAGS.fusion, **{k: getattr(FLAGS, k) for k in _SIZES})
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     print(text)
