@@ -313,8 +313,11 @@ class CostModel:
                       any(graph.ops[c].phase != ir.FORWARD for c in tensors[n].consumers)]
         self._build_pipeline_units()
         self._fused = {}   # pipeline cuts -> fused costs (kernels do not span stages)
-        # Matrix products and convolutions (implicit GEMMs): the output their tiles cover.
-        self.gemm_output = {op.name: op.outputs[0] for op in graph.ops.values()
+        # Matrix products and convolutions (implicit GEMMs): the output their tiles cover,
+        # its elements and whether the batch splits it.
+        self.gemm_output = {op.name: (op.outputs[0], tensors[op.outputs[0]].num_elements,
+                                      self.has_batch[op.outputs[0]])
+                            for op in graph.ops.values()
                             if op.outputs and (op_rules.is_matmul(op.type) or
                                                op.type in _GEMMS)}
 
@@ -336,10 +339,10 @@ class CostModel:
         c = self.cluster
         div = tp.divisor[op.name] * (k if self.op_has_batch[op.name] else 1)
         flops = op.flops / div
-        if op.name in self.gemm_output:
-            out = self.gemm_output[op.name]
-            per_device = self.graph.tensors[out].num_elements / (
-                k if self.has_batch[out] else 1) / (
+        gemm = self.gemm_output.get(op.name)
+        if gemm is not None and c.compute_units:
+            out, elements, batched = gemm
+            per_device = elements / (k if batched else 1) / (
                 tp.degree if tp.split_axis.get(out) is not None else 1)
             flops /= wave_efficiency(per_device, c.compute_units)
         fused = fused.get(op.name)
