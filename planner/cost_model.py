@@ -327,8 +327,10 @@ class CostModel:
             return {}
         if cuts not in self._fused:
             stage = self.stage_of_unit(cuts)
+            # The forward pass fuses apart from the rest; an optimizer's arithmetic fuses
+            # with the variable writes it feeds (one kernel per update, as XLA runs it).
             self._fused[cuts] = fused_pricing.fused_costs(
-                self.graph, {name: (op.phase, stage[self.anchor[name]])
+                self.graph, {name: (op.phase == ir.FORWARD, stage[self.anchor[name]])
                              for name, op in self.graph.ops.items()}, self.fusion)
         return self._fused[cuts]
 

@@ -7,13 +7,15 @@ the cluster from outside are read, only those that leave it are written, and the
 launches once. This module finds those clusters and charges their traffic and launch to
 their ops, so that the cost model's per-op sums price fused kernels.
 
-Clusters form within one phase and one pipeline unit (a kernel does not span a stage) and
-follow producer -> consumer edges between fusible ops. Two rules:
+Clusters form within one placement (the forward pass apart from the backward pass and the
+update, whose arithmetic fuses with the variable writes it feeds; never across a pipeline
+stage) and follow producer -> consumer edges between fusible ops of one epoch: an op's
+epoch counts the kernels (products, convolutions, ...) on its longest path from the inputs,
+so no cluster feeds a product that feeds the cluster back. Two rules:
   "stitch": a reduction fuses with the ops that read it (tf_fusionstitch's stitched
             kernels keep the reduced row on chip);
-  "xla":    a reduction ends its cluster (XLA's loop and input fusions); its readers, and
-            whatever else they read, form later clusters and read the reduced tensor from
-            memory.
+  "xla":    a reduction also ends an epoch (XLA's loop and input fusions): its readers
+            form later clusters and read the reduced tensor from memory.
 Matrix products, convolutions, gathers and the optimizers' fused ResourceApply* kernels stay
 one op each, priced as before.
 """
@@ -73,30 +75,41 @@ def _fusible_producers(op, tensors, member, place):
             if p in member and place[p] == place[op.name]]
 
 
+def _epochs(ops, tensors, member, rule):
+    """{op name: epoch}: the most kernels that must finish before it on any path, counting
+    ops that are not fusible and not free (products, convolutions, gathers), and under the
+    xla rule reductions too. Ops fuse only within an epoch, so no cluster reaches itself
+    through an op outside it (a kernel cannot wait for its own output), and under the xla
+    rule no kernel both makes a reduction and reads it."""
+    epoch = {}
+    for name, op in ops.items():   # topological order
+        after = 0
+        for n in op.inputs:
+            p = tensors[n].producer
+            if p not in epoch:
+                continue
+            barrier = (p not in member and not op_rules.is_free(ops[p].type)) or (
+                rule == "xla" and op_rules.is_reduction(ops[p].type))
+            after = max(after, epoch[p] + barrier)
+        epoch[name] = after
+    return epoch
+
+
 def fused_costs(graph, place, rule="stitch"):
     """{op name: FusedCost} for every fusible op of `graph`.
 
-    place: {op name: a hashable placement} (phase and pipeline unit): ops fuse only with
+    place: {op name: a hashable placement} (pass and pipeline stage): ops fuse only with
     ops of the same placement. Ops not in the result keep their own bytes and launch.
     """
     if rule not in RULES or rule == "none":
         raise ValueError(f"unknown fusion rule {rule!r}; use 'stitch' or 'xla'")
     ops, tensors = graph.ops, graph.tensors
     member = {name for name, op in ops.items() if fusible(op.type)}
-    # Under the xla rule an op sits one level above every reduction it reads (through
-    # fusible ops of its placement) and fuses only within its level: no kernel both makes
-    # a reduction and reads it.
-    level = {}
-    for name, op in ops.items():   # topological order
-        if name in member:
-            level[name] = max([level[p] + op_rules.is_reduction(ops[p].type)
-                               for p in _fusible_producers(op, tensors, member, place)],
-                              default=0)
+    epoch = _epochs(ops, tensors, member, rule)
     clusters = _Clusters()
     for name in member:
         for p in _fusible_producers(ops[name], tensors, member, place):
-            if rule == "stitch" or (level[p] == level[name] and
-                                    not op_rules.is_reduction(ops[p].type)):
+            if epoch[p] == epoch[name]:
                 clusters.union(p, name)
     root = {name: clusters.find(name) for name in member}
     # A cluster of views alone (a reshape between two matmuls) stays what it was: free.

@@ -108,6 +108,23 @@ def test_views_alone_stay_free_and_clusters_stay_in_their_placement():
     assert costs["c_op"] == fused_pricing.FusedCost(2 * ACT, True)
 
 
+def test_no_cluster_waits_for_its_own_output_through_a_product():
+    # a = relu(x); b = a + a @ w: fusing a with b would make one kernel that feeds the
+    # product and waits for it. They are two kernels, a's output written and read back.
+    b = Builder()
+    x = b.placeholder("x", (256, 256))
+    w = b.placeholder("w", (256, 256))
+    a = b.op("a", "Relu", [x], shape=(256, 256))
+    y = b.op("y", "MatMul", [a, w], shape=(256, 256))
+    out = b.op("out", "AddV2", [a, y], shape=(256, 256))
+    g = b.done([x, w], [out])
+    for rule in ("stitch", "xla"):
+        costs = fused_pricing.fused_costs(g, placements(g), rule)
+        tile = 256 * 256 * 4
+        assert costs["a_op"] == fused_pricing.FusedCost(2 * tile, True)
+        assert costs["out_op"] == fused_pricing.FusedCost(3 * tile, True)
+
+
 def test_a_long_chain_is_one_cluster_without_recursion():
     b = Builder()
     x = b.placeholder("x", (64,))
