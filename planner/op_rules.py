@@ -516,6 +516,14 @@ def flops_and_bytes(op, ins, outs):
         return 2.0 * math.prod(sizes.values()), float(in_bytes + out_bytes)
     if t in conv_rules.OPS:
         return conv_rules.flops(op, ins, outs), float(in_bytes + out_bytes)
+    if t.startswith("ResourceScatter"):
+        # (variable, indices, updates): only the indexed rows are touched (an embedding's
+        # sparse gradient, not its whole table): read, combined with the update, written back.
+        var, indices = ins[0], ins[1]
+        touched = indices.num_elements * math.prod(var.shape[1:])
+        overwrite = t == "ResourceScatterUpdate"
+        return (0.0 if overwrite else float(touched),
+                float((2 if overwrite else 3) * touched * var.itemsize + indices.nbytes))
     if writes_variable(t):
         var = ins[0]
         resources = [x for x in ins if x.variable]

@@ -38,6 +38,7 @@ class SparseDivisionTest(tf.test.TestCase):
         # The gradient's rows (3), not the table's (8), are divided and scattered...
         scatter, = _scatters(graph)
         self.assertEqual(graph.tensors[scatter.inputs[2]].shape, (len(IDS), WIDTH))
+        self.assertEqual(scatter.flops, len(IDS) * WIDTH)
         # ... by the divisor's rows gathered at the gradient's indices.
         gathers = [op for op in graph.ops.values() if op.type == "GatherV2" and
                    "/static_branch/" in op.name]
