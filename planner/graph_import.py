@@ -1,4 +1,5 @@
-"""TensorFlow -> planner IR. The only planner module besides `reference_models` that imports TF.
+"""TensorFlow -> planner IR. With the modules it uses (`tf_functions`, `static_conds`), the only
+planner module besides `reference_models` that imports TF.
 
 `from_function` traces a tf.function (a training step: forward, backward, optimizer update;
 or inference) with example inputs and reads its graph: static shapes come from TF's shape
