@@ -26,16 +26,20 @@ _BRANCH_SCOPE = "/static_branch/"
 def resolve(graph, ops=None):
     """(graph, ops, renamed). When no cond among `ops` (default: all of `graph`'s) lacks
     static output shapes: `graph`, `ops` and {}. Else a new tf.Graph in which each such cond
-    is its statically priced branch, `ops` mapped to it (None stays None), and renamed:
+    is its one branch with static shapes, `ops` mapped to it (None stays None), and renamed:
     {the new graph's placeholder tensor name: the original's} (the new graph feeds each of
     `graph`'s placeholders, with its shape and handle data, through a placeholder of its own;
     every other op keeps its name, a replaced cond's outputs included)."""
-    dynamic = [op for op in (ops if ops is not None else graph.get_operations())
-               if op.type in CONDS and not all(t.shape.is_fully_defined() for t in op.outputs)]
-    if not dynamic:
+    conds = [op for op in (ops if ops is not None else graph.get_operations())
+             if op.type in CONDS and any(not _static(t) for t in op.outputs)]
+    branches = {}
+    library = tf_functions.FunctionLibrary(graph) if conds else None
+    for cond in conds:
+        branch = _static_branch(cond, library)
+        if branch is not None:
+            branches[cond.name] = (cond, branch)
+    if not branches:
         return graph, ops, {}
-    library = tf_functions.FunctionLibrary(graph)
-    branches = {op.name: (op, _priced_branch(op, library)) for op in dynamic}
     graph_def = graph.as_graph_def()
     nodes = []
     for node in graph_def.node:
@@ -63,20 +67,31 @@ def resolve(graph, ops=None):
     return rebuilt, ops, {feed.name: name for name, feed in feeds.items()}
 
 
-def _priced_branch(cond, library):
-    """The name of `cond`'s one branch whose outputs have static shapes at its inputs'."""
+def _static(t):
+    """Whether `t`'s shape is static (an unknown rank reads as a scalar, as graph_import
+    reads it)."""
+    return t.shape.rank is None or t.shape.is_fully_defined()
+
+
+def _static_branch(cond, library):
+    """The name of `cond`'s one branch whose outputs have static shapes at the cond's input
+    shapes; None where the cond's unknown extents are only integer or boolean metadata (a
+    cond's row indices: they cost nothing and graph_import takes them as 1), which the
+    planner then reads as one op as it is. Else refused: the planner could not price it."""
     static = []
     for attr in ("then_branch", "else_branch"):
         name = cond.get_attr(attr).name
         body = library.instantiate(name, list(cond.inputs[1:]))
-        if body is not None and all(t.shape.is_fully_defined() for t in body.outputs):
+        if body is not None and all(_static(t) for t in body.outputs):
             static.append(name)
-    if len(static) != 1:
-        raise ValueError(
-            f"cond {cond.name!r} has outputs of data-dependent shape and "
-            f"{'both' if static else 'neither'} of its branches has static ones: the planner "
-            "cannot tell statically which one to price")
-    return static[0]
+    if len(static) == 1:
+        return static[0]
+    if all(_static(t) or t.dtype.is_integer or t.dtype == tf.bool for t in cond.outputs):
+        return None
+    raise ValueError(
+        f"cond {cond.name!r} has outputs of data-dependent shape and "
+        f"{'both' if static else 'neither'} of its branches has static ones: the planner "
+        "cannot tell statically which one to price")
 
 
 def _inlined(cond, definition):

@@ -81,14 +81,20 @@ class SparseDivisionTest(tf.test.TestCase):
         self._check(graph)
 
 
-class RefusedCondTest(tf.test.TestCase):
+class OtherCondsTest(tf.test.TestCase):
 
     def _import(self, then_branch, else_branch):
         @tf.function
         def step(x):
-            return tf.reduce_sum(tf.cond(tf.reduce_sum(x) > 0, lambda: then_branch(x),
-                                         lambda: else_branch(x)))
-        return graph_import.from_function(step, (tf.ones((4, 3)),))
+            chosen = tf.cond(tf.reduce_sum(x) > 0, lambda: then_branch(x),
+                             lambda: else_branch(x))
+            return tf.reduce_sum(x) * tf.cast(tf.reduce_sum(chosen), tf.float32)
+        return graph_import.from_function(step, (tf.ones((4, 3)),))[0]
+
+    def test_unknown_integer_extents_alone_leave_the_cond_as_one_op(self):
+        # As before: integer metadata of unknown extent costs nothing and reads as 1.
+        graph = self._import(lambda x: tf.range(2), lambda x: tf.range(4))
+        self.assertIn("StatelessIf", [op.type for op in graph.ops.values()])
 
     def test_both_branches_static_but_of_different_rows(self):
         with self.assertRaisesRegex(ValueError, "both of its branches has static"):
