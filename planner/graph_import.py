@@ -1,4 +1,5 @@
-"""TensorFlow -> planner IR. The only planner module besides `reference_models` that imports TF.
+"""TensorFlow -> planner IR. With the modules it uses (`tf_functions`, `static_conds`), the only
+planner module besides `reference_models` that imports TF.
 
 `from_function` traces a tf.function (a training step: forward, backward, optimizer update;
 or inference) with example inputs and reads its graph: static shapes come from TF's shape
@@ -8,21 +9,17 @@ graph mode (variables as VarHandleOp nodes), which lets large models be planned 
 allocating their weights.
 """
 
-import dataclasses
-
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import function_def_to_graph, tensor_util
-from tensorflow.python.ops import handle_data_util
+from tensorflow.python.framework import tensor_util
 
-from tf_fusionstitch.planner import ir, op_rules
+from tf_fusionstitch.planner import ir, op_rules, static_conds, tf_functions
 from tf_fusionstitch.rewriters.decided_shapes import summed_axes
 
 # Attributes the axis rules read, copied as plain Python values.
 _ATTRS = ("transpose_a", "transpose_b", "adj_x", "adj_y", "keep_dims", "batch_dims",
           "data_format", "equation", "axis", "ellipsis_mask", "new_axis_mask",
           "shrink_axis_mask")
-_CALLS = ("PartitionedCall", "StatefulPartitionedCall")
 # Inputs holding constants the rules need: op type -> (input index, attrs key).
 _CONST_INPUTS = {
     "Transpose": (1, "perm"), "Sum": (1, "axes"), "Mean": (1, "axes"), "Max": (1, "axes"),
@@ -129,25 +126,32 @@ def from_tf_graph(graph, variables, inputs, outputs, ops=None, name="graph", unk
     unknown_dim: extent given to unknown floating dimensions (else they are refused).
     """
     g = ir.Graph(name)
-    chosen = _live(list(ops) if ops is not None else graph.get_operations(), outputs, graph)
+    # A cond with data-dependent output shapes becomes the branch the planner prices; the
+    # graph is then rebuilt around placeholders of its own, which keep their names here.
+    graph, ops, renamed = static_conds.resolve(graph, ops)
+    original = {name: new for new, name in renamed.items()}
+    chosen = _live(list(ops) if ops is not None else graph.get_operations(),
+                   [original.get(n, n) for n in outputs], graph)
     chosen_names = {op.name for op in chosen}
     # Tensors read from ops left out (e.g. VarHandleOps) enter as placeholders.
     for op in chosen:
         for t in op.inputs:
-            if t.op.name not in chosen_names and t.name not in g.tensors:
-                g.add_tensor(ir.Tensor(t.name, _shape(t, unknown_dim), t.dtype.name,
+            name = renamed.get(t.name, t.name)
+            if t.op.name not in chosen_names and name not in g.tensors:
+                g.add_tensor(ir.Tensor(name, _shape(t, unknown_dim), t.dtype.name,
                                        _itemsize(t.dtype)))
                 g.add_op(ir.Op(t.op.name + "/external:" + str(t.value_index), "Placeholder",
-                               [], [t.name]))
-    library = _FunctionLibrary(graph) if any(op.type in _CALLS for op in chosen) else None
+                               [], [name]))
+    calls = any(op.type in tf_functions.CALLS for op in chosen)
+    library = tf_functions.FunctionLibrary(graph) if calls else None
     for op in chosen:
-        _add_op(g, op, {}, "", unknown_dim, library)
+        _add_op(g, op, renamed, "", unknown_dim, library)
     for handle, info in variables.items():
         if handle not in g.tensors:
             continue
         var_name, trainable = info[:2]
         shape, dtype = info[2:] if len(info) == 4 else _variable_shape_dtype(
-            graph.get_tensor_by_name(handle))
+            graph.get_tensor_by_name(original.get(handle, handle)))
         g.add_variable(ir.Variable(var_name, shape, dtype.name, _itemsize(dtype), handle,
                                    trainable))
     _propagate_handles(g)
@@ -167,7 +171,7 @@ def _add_op(g, op, rename, prefix, unknown_dim, library):
     for t in op.outputs:
         g.add_tensor(ir.Tensor(name_of(t), _shape(t, unknown_dim), t.dtype.name,
                                _itemsize(t.dtype)))
-    body = library.body(op) if library is not None and op.type in _CALLS else None
+    body = library.body(op) if library is not None and op.type in tf_functions.CALLS else None
     if body is not None:
         inner = {b.name: name_of(t) for b, t in zip(body.inputs, op.inputs)}
         inner_prefix = prefix + op.name + "/"
@@ -193,50 +197,6 @@ def _add_op(g, op, rename, prefix, unknown_dim, library):
             attrs[key] = value if key != "axes" or isinstance(value, list) else [value]
     g.add_op(ir.Op(prefix + op.name, op.type, [name_of(t) for t in op.inputs],
                    [name_of(t) for t in op.outputs], attrs))
-
-
-class _FunctionLibrary:
-    """The functions a graph calls, as graphs at the static shapes of each call."""
-
-    def __init__(self, graph):
-        library = graph.as_graph_def().library
-        self.definitions = {f.signature.name: f for f in library.function}
-
-    def body(self, call):
-        """The body of `call`'s function, as `_Body`, or None if the library lacks it."""
-        definition = self.definitions.get(call.get_attr("f").name)
-        if definition is None:
-            return None
-        graph_def, flat_names = function_def_to_graph.function_def_to_graph_def(
-            definition, [t.shape for t in call.inputs], include_library_functions=True)
-        args = [flat_names[a.name] for a in definition.signature.input_arg]
-        body = tf.Graph()
-        with body.as_default():
-            # Arguments carry the call's shapes and, for variables, their handles' data, so
-            # TF's shape inference gives every op of the body static shapes.
-            inputs = []
-            for k, t in enumerate(call.inputs):
-                arg = tf.compat.v1.placeholder(t.dtype, t.shape, name=f"inlined_arg_{k}")
-                if t.dtype == tf.resource:
-                    handle_data_util.copy_handle_data(t, arg)
-                inputs.append(arg)
-            mapped = dict(zip(args, inputs))
-            tf.graph_util.import_graph_def(graph_def, mapped, name="")
-        # An output may be an argument passed through (a forward function's saved input).
-        returned = [flat_names[definition.ret[a.name]] for a in definition.signature.output_arg]
-        outputs = [mapped[name] if name in mapped else body.get_tensor_by_name(name)
-                   for name in returned]
-        arg_ops = {name.split(":")[0] for name in args}
-        ops = [op for op in body.get_operations() if op.name not in arg_ops]
-        return _Body(inputs, outputs, ops)
-
-
-@dataclasses.dataclass
-class _Body:
-    """A called function's graph: its argument placeholders, outputs and ops."""
-    inputs: list
-    outputs: list
-    ops: list
 
 
 def _variable_shape_dtype(handle):
@@ -315,7 +275,7 @@ def from_saved_model(path, function=None, unknown_dim=None):
                          f"its tf.functions: {known or 'none'}")
     variables = list(getattr(loaded, "variables", []) or [])
     g = _from_concrete(concretes[0], variables, function, unknown_dim)
-    calls = [op.name for op in g.ops.values() if op.type in _CALLS]
+    calls = [op.name for op in g.ops.values() if op.type in tf_functions.CALLS]
     if calls:
         raise ValueError(f"{function!r} calls other functions ({calls[:3]}); the planner "
                          "needs their bodies: plan the called tf.function instead")

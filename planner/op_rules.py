@@ -521,6 +521,17 @@ def flops_and_bytes(op, ins, outs):
         return 2.0 * math.prod(sizes.values()), float(in_bytes + out_bytes)
     if t in conv_rules.OPS:
         return conv_rules.flops(op, ins, outs), float(in_bytes + out_bytes)
+    if t.startswith("ResourceScatter"):
+        # (variable, indices, updates): each update is applied to its row (an embedding's
+        # sparse gradient, not its whole table); the rows are read and written back, at
+        # most the table's, however often an index repeats.
+        var, indices, updates = ins[0], ins[1], ins[2]
+        row = math.prod(var.shape[1:])
+        rows = min(indices.num_elements, var.shape[0] if var.rank else 1) * row
+        overwrite = t == "ResourceScatterUpdate"
+        return (0.0 if overwrite else float(indices.num_elements * row),
+                float((1 if overwrite else 2) * rows * var.itemsize + updates.nbytes
+                      + indices.nbytes))
     if writes_variable(t):
         var = ins[0]
         resources = [x for x in ins if x.variable]

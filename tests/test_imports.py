@@ -13,6 +13,7 @@ TF_FACING = {
     "tf_fusionstitch.graph_check", "tf_fusionstitch.custom_ops.loader",
     "tf_fusionstitch.tools.demo",
     "tf_fusionstitch.planner.graph_import", "tf_fusionstitch.planner.reference_models",
+    "tf_fusionstitch.planner.tf_functions", "tf_fusionstitch.planner.static_conds",
     "tf_fusionstitch.planner.more_models", "tf_fusionstitch.planner.model_blocks",
     # the fuzzer: all but its vocabulary (ops) and shape inference (case_types)
     *(f"tf_fusionstitch.tools.fuzzing.{m}" for m in (

@@ -12,7 +12,10 @@ and the model's more precise twin (float64, or float32 for mixed_bfloat16
 models): tests/zoo_testlib.py says why both and how much;
 - nothing raised, no trace fell back to the original function, no cluster
   fell back except those KNOWN_FALLBACKS names with their reason, and the
-  rewrite fused something.
+  rewrite fused something;
+- the train step imports into the distributed planner's IR with an axis rule
+  for every op that binds an axis (tests/planner/test_planner_import_coverage.py
+  checks the models that exercise each of the importer's features).
 
 The comparison catches a plan that is slightly wrong: one fused op of a train
 step off by a relative 1e-5 fails it (PerturbedPlanTest).
@@ -28,7 +31,9 @@ from absl.testing import parameterized
 
 import tf_fusionstitch as fs
 from tf_fusionstitch import trace_rewrite
+from tf_fusionstitch.planner import op_rules
 from tf_fusionstitch.rewriters import remapper_epilogues
+import planner_zoo
 import zoo_testlib as zt
 
 from benchmarks import zoo  # the repository root (pyproject.toml's pytest pythonpath)
@@ -113,6 +118,11 @@ class ZooTest(tf.test.TestCase, parameterized.TestCase):
                              + (")" if model.dropout else " and XLA)"))
             self._check_reports(opt, "train step")
             self.assertEqual(warned, [], "train step warned")
+        with self.subTest("planner import"):
+            # The planner's IR of the same train step has an axis rule for every op that
+            # binds an axis (checked here, where the model is built anyway).
+            graph = planner_zoo.train_step_graph(model)
+            self.assertEqual(op_rules.conservative_ops(graph), {}, "ops on the conservative rule")
 
 
 def _forward_reduction(model, cluster):

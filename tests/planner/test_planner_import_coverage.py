@@ -1,7 +1,8 @@
 """Import coverage: the zoo's tiny train steps (keras_hub backbones and keras.applications
 CNNs built from their constructors with random weights, benchmarks/zoo) import into the
 planner's IR with an axis rule for every op that binds an axis, so no split is gathered for
-want of a rule."""
+want of a rule. Here the models that exercise each of the importer's features; every zoo
+model is checked by tests/models/test_zoo.py, which builds them anyway."""
 
 import os
 
@@ -10,18 +11,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf
 
 from benchmarks import zoo
-from tf_fusionstitch.planner import graph_import, op_rules
+from tf_fusionstitch.planner import op_rules
 from tf_fusionstitch.tools import plan as plan_tool
+import planner_zoo
 
 
 def zoo_graph(name, batch=2):
-    """The IR of a tiny zoo model's train step. Its tf.function declares a dynamic batch
-    and sequence; the import traces it again at the batch's static shapes."""
-    model = zoo.build(name, "tiny")
-    data = model.make_batch(0, batch)
-    graph = graph_import.from_function(model.train_step, tuple(data.inputs) + (data.labels,))[0]
-    assert graph.batch_size == batch
-    return graph
+    """The IR of tiny zoo model `name`'s train step."""
+    return planner_zoo.train_step_graph(zoo.build(name, "tiny"), batch)
 
 
 class ImportCoverageTest(tf.test.TestCase):
@@ -50,6 +47,17 @@ class ImportCoverageTest(tf.test.TestCase):
 
     def test_convnext_tiny(self):   # grouped convolutions Keras compiles as called functions
         self._check("convnext_tiny")
+
+    # Adagrad, RMSprop and Adafactor divide an embedding's sparse gradient under a cond whose
+    # row count depends on data (planner/static_conds.py).
+    def test_albert(self):
+        self._check("albert")
+
+    def test_distilbert(self):
+        self._check("distilbert")
+
+    def test_qwen2(self):
+        self._check("qwen2")
 
     def test_report_names_the_fallbacks_with_counts(self):
         g = zoo_graph("gpt2")

@@ -182,6 +182,23 @@ def test_sparse_update_ties_row_axes_to_the_variable():
     assert rule.ties == [((("i", 1), 0), (("i", 2), 0)), ((("i", 1), 1), (("i", 2), 1)),
                          ((("i", 0), 1), (("i", 2), 2))]
     assert rule.whole == [] and not rule.conservative
+    # Of a (1000, 32) table only the 8 * 16 indexed rows are read, updated and written back;
+    # the updates are read once.
+    table, indices, updates = _t((1000, 32)), ir.Tensor("i", (8, 16), "int32", 4), \
+        _t((8, 16, 32))
+    flops, moved = op_rules.flops_and_bytes(_op("ResourceScatterSub"),
+                                            [table, indices, updates], [])
+    assert (flops, moved) == (8 * 16 * 32, 3 * 8 * 16 * 32 * 4 + 8 * 16 * 4)
+    # A scalar update (TF applies it to every indexed row) does the same arithmetic.
+    assert op_rules.flops_and_bytes(_op("ResourceScatterAdd"), [table, indices, _t(())],
+                                    [])[0] == flops
+    # An overwrite reads no row; a table with fewer rows than indices (BERT's 2-row segment
+    # embedding) is read and written once.
+    assert op_rules.flops_and_bytes(_op("ResourceScatterUpdate"), [table, indices, updates],
+                                    []) == (0.0, 2 * 8 * 16 * 32 * 4 + 8 * 16 * 4)
+    assert op_rules.flops_and_bytes(_op("ResourceScatterAdd"),
+                                    [_t((2, 32)), indices, updates], [])[1] == \
+        2 * 2 * 32 * 4 + 8 * 16 * 32 * 4 + 8 * 16 * 4
 
 
 def test_grouped_convolution_keeps_channel_blocks_within_groups():
