@@ -1,15 +1,19 @@
 """Auto-MAP-style parallel planner: search data-parallel, operator-partitioning and pipeline
-plans for a TensorFlow training step over a cost model, and write the plan into a GraphDef.
+plans for a TensorFlow training step over a cost model, write the plan into a GraphDef, or
+run it.
 
     import tf_fusionstitch.planner as planner
     plan = planner.search(train_step, example_inputs, cluster="8xH200", strategy="auto",
                           method="dp")
     print(plan)                       # mesh, split variables, stages, predicted step time
     placed = plan.apply(graph_def)    # NodeDef.device strings per stage
+    step = planner.parallelize(train_step, example_inputs, cluster="4xCPU")
+    loss = step(*example_inputs)      # one step under the plan, on 4 logical CPUs
 
-Only `graph_import`, the model builders (`reference_models`, `more_models`, `model_blocks`) and
-the DQN's networks import TensorFlow (lazily, from `search` and `method="dqn"`); the IR, cost
-model, strategies and searches are TF-free (tests/test_imports.py checks it).
+Only `graph_import`, `parallel` (runs plans), the model builders (`reference_models`,
+`more_models`, `model_blocks`) and the DQN's networks import TensorFlow (lazily, from
+`search`, `parallelize` and `method="dqn"`); the IR, cost model, layouts, strategies and
+searches are TF-free (tests/test_imports.py checks it).
 """
 
 from tf_fusionstitch.planner.cluster import PRESETS, ClusterSpec, get_cluster
@@ -18,7 +22,7 @@ from tf_fusionstitch.planner.plan import Plan
 from tf_fusionstitch.planner.searches import METHODS
 from tf_fusionstitch.planner.strategies import STRATEGIES, PlanEnv
 
-__all__ = ["search", "search_graph", "Plan", "ClusterSpec", "get_cluster", "PRESETS",
+__all__ = ["search", "search_graph", "parallelize", "use_cpu_devices", "Plan", "ClusterSpec", "get_cluster", "PRESETS",
            "STRATEGIES", "METHODS", "PlanEnv", "CostModel", "Config", "Estimate"]
 
 
@@ -62,3 +66,33 @@ def search(fn, example_inputs, cluster="8xH200", strategy="auto", method="greedy
     from tf_fusionstitch.planner import graph_import
     graph, _, _ = graph_import.from_function(fn, example_inputs, variables=variables)
     return search_graph(graph, cluster, strategy, method, budget, seed, schedule, fusion)
+
+
+def parallelize(fn, example_inputs, cluster="4xCPU", strategy="auto", method="greedy",
+                plan=None, variables=(), **search_options):
+    """A callable that runs one training step of `fn` under a plan, on TensorFlow's engine.
+
+    The plan is `plan`, or the one `search` finds for `fn` with `strategy`, `method` and
+    `search_options` (budget, seed, schedule, fusion). cluster: `NxCPU`, N logical CPU
+    devices of this process (set up here if TensorFlow has not initialised its devices; else
+    see `use_cpu_devices`). Data x tensor parallel plans run under DTensor; pipeline plans
+    (one replica, no tensor parallelism) run placed, without micro-batches; pipelines mixed
+    with the others raise ValueError. The callable takes `fn`'s arguments and returns its
+    outputs; its `.plan` is the plan and `.sync_variables()` writes the distributed
+    variables' values back into `fn`'s variables. Imports TensorFlow.
+    """
+    _check(strategy, method)
+    from tf_fusionstitch.planner import parallel
+
+    def search_plan(graph, cluster_spec):
+        return search_graph(graph, cluster_spec, strategy, method, **search_options)
+
+    return parallel.build(fn, example_inputs, cluster, plan=plan, search=search_plan,
+                          variables=variables)
+
+
+def use_cpu_devices(count):
+    """Makes this process's CPU `count` logical devices, as `cluster="NxCPU"` needs; call it
+    before TensorFlow runs anything. Imports TensorFlow."""
+    from tf_fusionstitch.planner import parallel
+    return parallel.use_cpu_devices(count)

@@ -126,10 +126,10 @@ def _from_device(device, per_node, nodes):
                        inter_bandwidth=inter_bw, inter_latency=inter_lat, **_DEVICES[device])
 
 
-def _cpu_localhost(devices=4):
+def _cpu_localhost(devices=4, name="cpu-localhost"):
     # Logical CPU devices of one process (tests use 4): they share one socket's cores and
     # memory, so "communication" is a memcpy. Modest figures for a 2-core VM.
-    return ClusterSpec(name="cpu-localhost", devices_per_node=devices, nodes=1, flops=5e10,
+    return ClusterSpec(name=name, devices_per_node=devices, nodes=1, flops=5e10,
                        memory=8e9, memory_bandwidth=10e9, intra_bandwidth=5e9,
                        intra_latency=2e-6, inter_bandwidth=0.0, inter_latency=0.0,
                        device_type="CPU", op_overhead=5e-6)
@@ -144,7 +144,8 @@ def get_cluster(spec):
     """Returns a `ClusterSpec` from a spec, a preset name or string, a dict or a JSON string.
 
     Strings: `cpu-localhost`, `NxDEV` (N devices of DEV in one node) or `MxNxDEV` (M nodes),
-    DEV one of V100, A100, H200. A dict (or JSON object) either names `"base"` (a string spec)
+    DEV one of V100, A100, H200, or `NxCPU`: N logical CPU devices of this process, with
+    `cpu-localhost`'s figures. A dict (or JSON object) either names `"base"` (a string spec)
     and overrides fields, or gives every field of ClusterSpec.
     """
     if isinstance(spec, ClusterSpec):
@@ -168,7 +169,13 @@ def get_cluster(spec):
             raise ValueError(f"cluster spec field 'nodes' must be >= 1 in {spec!r}")
         if per_node < 1:
             raise ValueError(f"cluster spec field 'devices_per_node' must be >= 1 in {spec!r}")
-        return _from_device(match.group(3).upper(), per_node, nodes)
+        device = match.group(3).upper()
+        if device == "CPU":
+            if match.group(1):
+                raise ValueError(f"cluster spec {spec!r}: CPU devices are logical devices of "
+                                 "one process, so only 'NxCPU' (one node) is known")
+            return _cpu_localhost(per_node, name=f"{per_node}xCPU")
+        return _from_device(device, per_node, nodes)
     if isinstance(spec, dict):
         unknown = set(spec) - _FIELDS - {"base"}
         if unknown:

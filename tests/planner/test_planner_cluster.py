@@ -23,6 +23,14 @@ class ClusterSpecTest(absltest.TestCase):
         self.assertEqual((big.devices_per_node, big.nodes, big.num_devices), (8, 4, 32))
         self.assertEqual(planner.get_cluster("cpu-localhost").device_type, "CPU")
 
+    def test_logical_cpu_devices(self):
+        spec = planner.get_cluster("2xCPU")
+        self.assertEqual((spec.name, spec.device_type, spec.num_devices), ("2xCPU", "CPU", 2))
+        self.assertEqual(spec.flops, planner.get_cluster("cpu-localhost").flops)
+        self.assertEqual(spec.device_name(1), "/job:localhost/replica:0/task:0/device:CPU:1")
+        with self.assertRaisesRegex(ValueError, "only 'NxCPU'"):
+            planner.get_cluster("2x4xCPU")
+
     def test_links_inside_and_across_nodes(self):
         spec = planner.get_cluster("2x8xH200")
         self.assertEqual(spec.link(8, 1), (spec.intra_bandwidth, spec.intra_latency))

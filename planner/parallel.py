@@ -1,0 +1,233 @@
+"""Run a plan: one training step of a tf.function on TensorFlow's own distributed engine.
+
+`planner.parallelize` (in the package's `__init__`) traces the step and searches a plan;
+`build` here turns step and plan into a `ParallelStep`, a callable with the step's calling
+convention:
+
+- A plan of d replicas x t-way tensor parallelism runs under DTensor: a ("batch" d) x
+  ("model" t) mesh of logical CPU devices, every variable copied into a DVariable sharded as
+  the plan splits it (`layouts`), step inputs sharded on "batch". The step's own GraphDef is
+  imported into a new tf.function with its captured variable handles mapped to the
+  DVariables' handles and its arguments to the DTensor inputs; calling it runs DTensor's SPMD
+  expansion, which partitions every op and inserts the collectives. DTensor's layouts change
+  where values live, never what is computed, so results match one device up to rounding.
+- A pipeline plan with one replica and no tensor parallelism runs as `Plan.apply` places
+  it: every op on its stage's device, each variable copied onto the device of the stage that
+  reads it first. The batch is not split into micro-batches: the step runs as one batch.
+- Pipelines combined with data or tensor parallelism do not run yet (ValueError).
+
+The step's own variables are left as they were; `ParallelStep.sync_variables` writes the
+distributed copies' values back into them.
+"""
+
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from tf_fusionstitch.planner import cluster as cluster_lib
+from tf_fusionstitch.planner import graph_import, layouts
+
+
+def use_cpu_devices(count):
+    """Makes this process's CPU `count` logical devices (if TensorFlow has not initialised
+    its devices yet) and returns the names of the first `count`.
+
+    Raises ValueError saying what to do when TensorFlow already runs with fewer.
+    """
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    configured = tf.config.get_logical_device_configuration(cpu)
+    if configured is None or len(configured) < count:
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)])
+        except RuntimeError:   # devices initialised: only the check below can tell
+            pass
+    devices = tf.config.list_logical_devices("CPU")
+    if len(devices) < count:
+        raise ValueError(
+            f"the cluster needs {count} logical CPU devices, but TensorFlow initialised its "
+            f"devices already, with {len(devices)} CPU device(s). Call "
+            f"planner.use_cpu_devices({count}) at the start of the program, before "
+            "TensorFlow runs anything (an op, a tf.constant, a variable), or configure them "
+            "yourself then: tf.config.set_logical_device_configuration(tf.config."
+            "list_physical_devices('CPU')[0], [tf.config.LogicalDeviceConfiguration()] * "
+            f"{count})")
+    return [d.name for d in devices[:count]]
+
+
+def run_cluster(spec):
+    """The `ClusterSpec` of `spec` if this process can run on it (N logical CPUs)."""
+    spec = cluster_lib.get_cluster(spec)
+    if spec.device_type != "CPU" or spec.nodes != 1:
+        raise ValueError(f"cannot run on cluster {spec.name!r}: plans run on this process's "
+                         "logical CPU devices, cluster='NxCPU' (e.g. '4xCPU')")
+    return spec
+
+
+def build(fn, example_inputs, cluster, plan=None, search=None, variables=()):
+    """A `ParallelStep` of `fn` under `plan`, or under `search(ir_graph, cluster_spec)`'s plan.
+
+    cluster: an `NxCPU` spec; its N logical devices are set up here if TF has not started.
+    variables: tf.Variables `fn` uses only through raw handles (as for `planner.search`).
+    """
+    spec = run_cluster(cluster)
+    use_cpu_devices(spec.num_devices)
+    graph, graph_def, concrete = graph_import.from_function(fn, example_inputs,
+                                                            variables=variables)
+    if plan is None:
+        plan = search(graph, spec)
+    planned = plan.replicas * plan.tensor_parallel * plan.num_stages
+    if planned != spec.num_devices:
+        raise ValueError(f"the plan uses {planned} devices ({plan.replicas} replicas x "
+                         f"{plan.tensor_parallel}-way tensor parallel x {plan.num_stages} "
+                         f"stages) but cluster {spec.name!r} has {spec.num_devices}")
+    step = _Step(graph, graph_def, concrete, variables)
+    if plan.num_stages == 1:
+        return MeshStep(plan, step, spec)
+    if plan.replicas * plan.tensor_parallel > 1:
+        raise ValueError(
+            f"the plan pipelines {plan.num_stages} stages of {plan.replicas} replicas x "
+            f"{plan.tensor_parallel}-way tensor parallelism: pipeline stages run only alone "
+            "(one replica, no tensor parallelism) for now; search with strategy='pipeline', "
+            "'data' or 'operator'")
+    return PlacedStep(plan, step, spec)
+
+
+class _Step:
+    """The traced step: its GraphDef, argument and output names, and what each captured
+    placeholder stands for (a variable, or a captured constant)."""
+
+    def __init__(self, graph, graph_def, concrete, variables):
+        self.graph_def = graph_def
+        self.arg_names = list(graph.inputs)
+        self.arg_shapes = [tuple(graph.tensors[n].shape) for n in self.arg_names]
+        self.output_names = [t.name for t in concrete.graph.outputs]
+        self.structured_outputs = concrete.structured_outputs
+        by_handle = {id(v.handle): v for v in list(concrete.variables) + list(variables)}
+        self.captured_variables, self.captured_values = {}, {}
+        for external, internal in concrete.graph.captures:
+            var = by_handle.get(id(external))
+            if var is not None:
+                self.captured_variables[internal.name] = var
+            elif internal.name not in self.arg_names:
+                self.captured_values[internal.name] = external
+        self.variables = list({id(v): v for v in self.captured_variables.values()}.values())
+
+    def importer(self, graph_def, feed_captures, finish_output):
+        """A tf.function of the step's arguments that imports `graph_def` (the step's, or a
+        placed copy), its captures fed by `feed_captures()` (called inside the function) and
+        each output passed through `finish_output`."""
+
+        @tf.function(autograph=False)
+        def run(*args):
+            feed = feed_captures()
+            feed.update(zip(self.arg_names, args))
+            outputs = tf.graph_util.import_graph_def(
+                graph_def, input_map=feed, return_elements=self.output_names, name="")
+            return [finish_output(t) for t in outputs]
+
+        return run
+
+    def pack_outputs(self, flat):
+        if not self.output_names:
+            return None
+        return tf.nest.pack_sequence_as(self.structured_outputs, flat)
+
+    def flat_args(self, args):
+        flat = tf.nest.flatten(args)
+        if len(flat) != len(self.arg_names):
+            raise ValueError(f"the step takes {len(self.arg_names)} tensor argument(s) (as "
+                             f"its example inputs), got {len(flat)}")
+        return flat
+
+
+class ParallelStep:
+    """One training step of a function under a plan. Call it as the function; `plan` is the
+    plan it runs; `sync_variables()` writes the distributed variables' values back into the
+    function's own variables.
+
+    Subclasses fill `copies`, `captured_constants` and `run` (the tf.function of the step's
+    arguments) and say how a value moves onto the devices and back (`to_devices`,
+    `from_devices`).
+    """
+
+    def __init__(self, plan, step):
+        self.plan = plan
+        self.step = step
+        self.copies = {}               # id(original variable) -> its distributed copy
+        self.captured_constants = {}   # placeholder name -> the value fed to it
+
+    def __call__(self, *args):
+        flat = [self.to_devices(tf.convert_to_tensor(a), shape)
+                for a, shape in zip(self.step.flat_args(args), self.step.arg_shapes)]
+        return self.step.pack_outputs([self.from_devices(t) for t in self.run(*flat)])
+
+    def sync_variables(self):
+        """Assigns each distributed variable's current value to the original variable."""
+        for var in self.step.variables:
+            var.assign(self.from_devices(self.copies[id(var)].read_value()))
+
+    def feed_captures(self):
+        feed = {name: tf.identity(self.copies[id(var)].handle)
+                for name, var in self.step.captured_variables.items()}
+        feed.update(self.captured_constants)
+        return feed
+
+
+class MeshStep(ParallelStep):
+    """A data x tensor parallel plan under DTensor (see the module's docstring)."""
+
+    def __init__(self, plan, step, spec):
+        super().__init__(plan, step)
+        self.layouts = layouts.MeshLayouts(plan)
+        self.mesh = dtensor.create_mesh(self.layouts.mesh_axes,
+                                        devices=[f"CPU:{i}" for i in range(spec.num_devices)])
+        for var in step.variables:
+            value = self.shard(var.read_value(),
+                               self.layouts.variable_spec(var.name, var.shape.rank))
+            self.copies[id(var)] = dtensor.DVariable(value, trainable=var.trainable)
+        self.captured_constants = {name: self.shard(tf.convert_to_tensor(value),
+                                                    [None] * value.shape.rank)
+                                   for name, value in step.captured_values.items()}
+        self.run = step.importer(step.graph_def, self.feed_captures, self.replicated)
+
+    def layout(self, spec):
+        return dtensor.Layout([axis or dtensor.UNSHARDED for axis in spec], self.mesh)
+
+    def shard(self, value, spec):
+        replicated = dtensor.copy_to_mesh(value, self.layout([None] * value.shape.rank))
+        return dtensor.relayout(replicated, self.layout(spec))
+
+    def replicated(self, value):
+        return dtensor.relayout(value, self.layout([None] * value.shape.rank))
+
+    def to_devices(self, value, shape):
+        return self.shard(value, self.layouts.input_spec(shape))
+
+    def from_devices(self, value):
+        return dtensor.unpack(self.replicated(value))[0]
+
+
+class PlacedStep(ParallelStep):
+    """A pipeline plan (one replica, no tensor parallelism) placed as `Plan.apply` places
+    it, the batch run whole (no micro-batches)."""
+
+    def __init__(self, plan, step, spec):
+        super().__init__(plan, step)
+        placed = plan.apply(step.graph_def)
+        first_reader = {}
+        for node in placed.node:
+            for src in node.input:
+                first_reader.setdefault(src.split(":")[0].lstrip("^"), node.device)
+        for name, var in step.captured_variables.items():
+            if id(var) in self.copies:
+                continue
+            with tf.device(first_reader.get(name.split(":")[0]) or spec.device_name(0)):
+                self.copies[id(var)] = tf.Variable(var.read_value(), trainable=var.trainable)
+        self.captured_constants = dict(step.captured_values)
+        self.run = step.importer(placed, self.feed_captures, tf.identity)
+
+    def to_devices(self, value, shape):
+        return value
+
+    def from_devices(self, value):
+        return value

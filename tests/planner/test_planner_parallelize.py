@@ -1,0 +1,174 @@
+"""`planner.parallelize` runs data, operator and auto plans on 4 logical CPU devices (DTensor)
+with the single-device losses and variables, for two transformer blocks of different styles.
+
+Logical devices must be configured before TensorFlow initialises its devices, so this is
+done when the module is imported (pytest imports every test module before running any, in
+each xdist worker too). If something initialised TF's devices earlier with fewer CPUs, the
+tests are skipped with the error `use_cpu_devices` gives.
+"""
+
+import math
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from tf_fusionstitch import planner  # noqa: E402
+
+_DEVICES = 4
+try:
+    planner.use_cpu_devices(_DEVICES)
+    _SETUP_ERROR = None
+except ValueError as e:
+    _SETUP_ERROR = str(e)
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tf_fusionstitch.planner import reference_models  # noqa: E402
+
+_STEPS = 3
+_RTOL = 1e-4
+_REFERENCE_SIZES = dict(batch=4, seq=8, hidden=16, heads=2, ffn=32, layers=1)
+
+
+def _einsum_block(seed, batch=4, seq=8, hidden=16, heads=2, ffn=32, lr=0.05):
+    """A pre-LN attention + FFN block written another way: rank-3 activations, einsum with
+    per-head rank-3 weights, `x @ w` on rank 3, plain SGD by `assign_sub`. Returns (train
+    step, example inputs, {name: variable})."""
+    rng = np.random.default_rng(seed)
+    dh = hidden // heads
+
+    def var(name, shape):
+        return tf.Variable((rng.standard_normal(shape) / math.sqrt(shape[0])).astype(np.float32),
+                           name=name)
+
+    params = [var("q_proj", (hidden, heads, dh)), var("k_proj", (hidden, heads, dh)),
+              var("v_proj", (hidden, heads, dh)), var("out_proj", (heads, dh, hidden)),
+              var("up", (hidden, ffn)), var("down", (ffn, hidden)),
+              tf.Variable(np.ones(hidden, np.float32), name="norm_scale")]
+    q, k, v, o, up, down, scale = params
+
+    def norm(x):
+        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+        return (x - mean) * tf.math.rsqrt(variance + 1e-6) * scale
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            h = norm(x)
+            qh = tf.einsum("bsd,dhk->bhsk", h, q)
+            kh = tf.einsum("bsd,dhk->bhsk", h, k)
+            vh = tf.einsum("bsd,dhk->bhsk", h, v)
+            attn = tf.nn.softmax(tf.einsum("bhsk,bhtk->bhst", qh, kh) / math.sqrt(dh))
+            x = x + tf.einsum("bhsk,hkd->bsd", tf.einsum("bhst,bhtk->bhsk", attn, vh), o)
+            x = x + tf.nn.relu(norm(x) @ up) @ down
+            loss = tf.reduce_mean(tf.square(x - y))
+        for p, g in zip(params, tape.gradient(loss, params)):
+            p.assign_sub(lr * g)
+        return loss
+
+    inputs = [tf.constant(rng.standard_normal((batch, seq, hidden)).astype(np.float32))
+              for _ in range(2)]
+    return step, inputs, {p.name: p for p in params}
+
+
+def _reference_block(seed):
+    return reference_models.build_eager("transformer_block", seed=seed, **_REFERENCE_SIZES)
+
+
+_MODELS = {"reference": _reference_block, "einsum": _einsum_block}
+
+
+def _by_kind(name):
+    """Adam's first and second moments are compared among their own kind: they are many
+    orders of magnitude smaller than the weights."""
+    return name.split(":")[0].rpartition("/")[2] if name.split(":")[0].endswith(
+        ("/m", "/v")) else "weights"
+
+
+def _relative_differences(got, want):
+    """Largest |got - want| over each kind of variable, relative to the kind's largest
+    |want|. Per kind rather than per variable: a weight whose gradient is zero in exact
+    arithmetic (the attention key's bias) takes Adam steps of rounding noise, equal on no
+    two devices layouts, that are tiny next to the weights but not next to itself."""
+    out = {}
+    for kind in {_by_kind(n) for n in want}:
+        names = [n for n in want if _by_kind(n) == kind]
+        diff = max(float(np.max(np.abs(got[n] - want[n]))) for n in names)
+        scale = max(float(np.max(np.abs(want[n]))) for n in names)
+        out[kind] = diff / scale
+    return out
+
+
+class ParallelizeTest(tf.test.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        if _SETUP_ERROR is not None:
+            self.skipTest(_SETUP_ERROR)
+
+    def _check_strategy(self, model, strategy):
+        build = _MODELS[model]
+        step, inputs, variables = build(seed=1)
+        # The parallel step copies the initial weights, so it is built before the reference
+        # steps change them.
+        parallel = planner.parallelize(step, inputs, cluster="4xCPU", strategy=strategy,
+                                       variables=variables.values())
+        plan = parallel.plan
+        self.assertEqual(plan.num_stages, 1, str(plan))
+        if strategy == "data":
+            self.assertEqual((plan.replicas, plan.tensor_parallel), (_DEVICES, 1))
+        if strategy == "operator":
+            self.assertEqual((plan.replicas, plan.tensor_parallel), (1, _DEVICES))
+            self.assertTrue(any(a is not None for a in plan.variable_splits.values()))
+        initial = {n: v.numpy() for n, v in variables.items()}
+        want_losses = [float(step(*inputs)) for _ in range(_STEPS)]
+        want = {n: v.numpy() for n, v in variables.items()}
+        got_losses = [float(parallel(*inputs)) for _ in range(_STEPS)]
+        np.testing.assert_allclose(got_losses, want_losses, rtol=_RTOL)
+        # The originals still hold the reference's values until synced.
+        for name, var in variables.items():
+            var.assign(initial[name])
+        parallel.sync_variables()
+        got = {n: v.numpy() for n, v in variables.items()}
+        differences = _relative_differences(got, want)
+        print(f"{model} {strategy} (d={plan.replicas}, t={plan.tensor_parallel}): losses "
+              f"{got_losses} relative differences {differences}")
+        for kind, difference in differences.items():
+            self.assertLess(difference, _RTOL, f"{kind} of {model} under {plan}")
+        moved = max(float(np.max(np.abs(want[n] - initial[n]))) for n in want)
+        self.assertGreater(moved, 100 * _RTOL, "the steps changed no variable")
+        return parallel
+
+    def test_reference_block_data(self):
+        self._check_strategy("reference", "data")
+
+    def test_reference_block_operator(self):
+        self._check_strategy("reference", "operator")
+
+    def test_reference_block_auto(self):
+        self._check_strategy("reference", "auto")
+
+    def test_einsum_block_data(self):
+        self._check_strategy("einsum", "data")
+
+    def test_einsum_block_operator(self):
+        self._check_strategy("einsum", "operator")
+
+    def test_einsum_block_auto(self):
+        self._check_strategy("einsum", "auto")
+
+    def test_cluster_that_does_not_match_the_devices(self):
+        step, inputs, variables = _einsum_block(seed=2)
+        with self.assertRaisesRegex(ValueError, r"needs 8 logical CPU devices.*"
+                                    r"use_cpu_devices\(8\)"):
+            planner.parallelize(step, inputs, cluster="8xCPU", strategy="data")
+        with self.assertRaisesRegex(ValueError, "cannot run on cluster '8xH200'.*NxCPU"):
+            planner.parallelize(step, inputs, cluster="8xH200", strategy="data")
+        plan = planner.search(step, inputs, cluster="2xCPU", strategy="data")
+        with self.assertRaisesRegex(ValueError, "the plan uses 2 devices.*'4xCPU' has 4"):
+            planner.parallelize(step, inputs, cluster="4xCPU", plan=plan)
+
+
+if __name__ == "__main__":
+    tf.test.main()
