@@ -7,6 +7,7 @@ each xdist worker too). If something initialised TF's devices earlier with fewer
 tests are skipped with the error `use_cpu_devices` gives.
 """
 
+import dataclasses
 import math
 import os
 
@@ -107,15 +108,18 @@ class ParallelizeTest(tf.test.TestCase):
         if _SETUP_ERROR is not None:
             self.skipTest(_SETUP_ERROR)
 
-    def _check_strategy(self, model, strategy):
+    def _check_strategy(self, model, strategy, plan=None):
         build = _MODELS[model]
         step, inputs, variables = build(seed=1)
         # The parallel step copies the initial weights, so it is built before the reference
         # steps change them.
         parallel = planner.parallelize(step, inputs, cluster="4xCPU", strategy=strategy,
-                                       variables=variables.values())
+                                       plan=plan, variables=variables.values())
         plan = parallel.plan
-        self.assertEqual(plan.num_stages, 1, str(plan))
+        if strategy == "pipeline":
+            self.assertEqual(plan.num_stages, _DEVICES, str(plan))
+        else:
+            self.assertEqual(plan.num_stages, 1, str(plan))
         if strategy == "data":
             self.assertEqual((plan.replicas, plan.tensor_parallel), (_DEVICES, 1))
         if strategy == "operator":
@@ -132,7 +136,8 @@ class ParallelizeTest(tf.test.TestCase):
         parallel.sync_variables()
         got = {n: v.numpy() for n, v in variables.items()}
         differences = _relative_differences(got, want)
-        print(f"{model} {strategy} (d={plan.replicas}, t={plan.tensor_parallel}): losses "
+        print(f"{model} {strategy} (d={plan.replicas}, t={plan.tensor_parallel}, "
+              f"p={plan.num_stages}): losses "
               f"{got_losses} relative differences {differences}")
         for kind, difference in differences.items():
             self.assertLess(difference, _RTOL, f"{kind} of {model} under {plan}")
@@ -157,6 +162,39 @@ class ParallelizeTest(tf.test.TestCase):
 
     def test_einsum_block_auto(self):
         self._check_strategy("einsum", "auto")
+
+    def _hybrid_plan(self, model):
+        """A 2 x 2 (replicas x tensor parallel) plan: the planner's 2-way operator plan of
+        the model, replicated twice (the searches seldom pick a hybrid on 4 CPUs)."""
+        step, inputs, variables = _MODELS[model](seed=1)
+        plan = planner.search(step, inputs, cluster="2xCPU", strategy="operator",
+                              variables=variables.values())
+        self.assertEqual(plan.tensor_parallel, 2)
+        return dataclasses.replace(plan, replicas=2,
+                                   cluster=planner.get_cluster("4xCPU").to_dict())
+
+    def test_reference_block_data_times_operator(self):
+        self._check_strategy("reference", "auto", self._hybrid_plan("reference"))
+
+    def test_einsum_block_data_times_operator(self):
+        self._check_strategy("einsum", "auto", self._hybrid_plan("einsum"))
+
+    def test_reference_block_pipeline(self):
+        parallel = self._check_strategy("reference", "pipeline")
+        devices = {op.device for op in parallel.run.get_concrete_function(
+            *[tf.TensorSpec(shape, tf.float32) for shape in parallel.step.arg_shapes]
+        ).graph.get_operations() if op.device}
+        self.assertLen({d.rpartition(":")[2] for d in devices}, _DEVICES, sorted(devices))
+
+    def test_pipeline_mixed_with_replicas_is_refused(self):
+        step, inputs, variables = _reference_block(seed=2)
+        plan = planner.search(step, inputs, cluster="2xCPU", strategy="pipeline",
+                              variables=variables.values())
+        mixed = dataclasses.replace(plan, replicas=2,
+                                    cluster=planner.get_cluster("4xCPU").to_dict())
+        with self.assertRaisesRegex(ValueError, "pipeline stages run only alone"):
+            planner.parallelize(step, inputs, cluster="4xCPU", plan=mixed,
+                                variables=variables.values())
 
     def test_cluster_that_does_not_match_the_devices(self):
         step, inputs, variables = _einsum_block(seed=2)
