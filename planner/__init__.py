@@ -49,7 +49,8 @@ def search(fn, example_inputs, cluster="8xH200", strategy="auto", method="greedy
     """Traces `fn` (a training step or inference tf.function) and searches a plan.
 
     cluster: a preset (`8xV100`, `8xA100`, `8xH200`, `4x8xH200`, `cpu-localhost`), an
-      `NxDEVICE` / `MxNxDEVICE` string, a dict or JSON, or a ClusterSpec.
+      `NxDEVICE` / `MxNxDEVICE` string (`NxCPU`: N logical CPUs of this process), a dict or
+      JSON, or a ClusterSpec.
     strategy: "data" (replicas only), "operator" (operator partitioning over all devices),
       "pipeline" (stages over all devices), or "auto" (every product d x t x p = devices).
     method: "exhaustive" (small spaces), "dp" (dynamic programming over pipeline cuts),
