@@ -24,6 +24,7 @@ except ValueError as e:
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tensorflow.experimental import dtensor  # noqa: E402
 
 from tf_fusionstitch.planner import reference_models  # noqa: E402
 
@@ -124,7 +125,8 @@ class ParallelizeTest(tf.test.TestCase):
             self.assertEqual((plan.replicas, plan.tensor_parallel), (_DEVICES, 1))
         if strategy == "operator":
             self.assertEqual((plan.replicas, plan.tensor_parallel), (1, _DEVICES))
-            self.assertTrue(any(a is not None for a in plan.variable_splits.values()))
+        if plan.tensor_parallel > 1:
+            self._check_shards(parallel, variables)
         initial = {n: v.numpy() for n, v in variables.items()}
         want_losses = [float(step(*inputs)) for _ in range(_STEPS)]
         want = {n: v.numpy() for n, v in variables.items()}
@@ -144,6 +146,20 @@ class ParallelizeTest(tf.test.TestCase):
         moved = max(float(np.max(np.abs(want[n] - initial[n]))) for n in want)
         self.assertGreater(moved, 100 * _RTOL, "the steps changed no variable")
         return parallel
+
+    def _check_shards(self, parallel, variables):
+        """Each device holds 1/t of every variable the plan splits, along the plan's axis."""
+        plan = parallel.plan
+        split = {n: a for n, a in plan.variable_splits.items() if a is not None}
+        self.assertNotEmpty(split)
+        for name, axis in split.items():
+            var = variables[name]
+            shards = dtensor.unpack(parallel.copies[id(var)].read_value())
+            self.assertLen(shards, _DEVICES)
+            want = var.shape.as_list()
+            want[axis] //= plan.tensor_parallel
+            for shard in shards:
+                self.assertEqual(shard.shape.as_list(), want, name)
 
     def test_reference_block_data(self):
         self._check_strategy("reference", "data")
