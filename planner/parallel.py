@@ -24,7 +24,7 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tf_fusionstitch.planner import cluster as cluster_lib
-from tf_fusionstitch.planner import graph_import, layouts
+from tf_fusionstitch.planner import graph_import, layouts, micro_batches
 
 
 def use_cpu_devices(count):
@@ -89,7 +89,35 @@ def build(fn, example_inputs, cluster, plan=None, search=None, variables=()):
             f"{plan.tensor_parallel}-way tensor parallelism: pipeline stages run only alone "
             "(one replica, no tensor parallelism) for now; search with strategy='pipeline', "
             "'data' or 'operator'")
-    return PlacedStep(plan, step, spec)
+    if plan.micro_batches == 1:
+        return PlacedStep(plan, step, spec)
+    micro, is_split = _micro_batch_step(fn, example_inputs, variables, step,
+                                        plan.micro_batches)
+    return PlacedStep(plan, micro, spec, is_split)
+
+
+def _micro_batch_step(fn, example_inputs, variables, step, count):
+    """`fn` traced again on one micro-batch of the example inputs (its graph holds the
+    micro-batch's shapes), and which arguments are split: those whose first axis is the
+    batch (the first argument's)."""
+    batch = step.arg_shapes[0][0] if step.arg_shapes and step.arg_shapes[0] else None
+    if batch is None or batch % count:
+        raise ValueError(f"a batch of {batch} does not split into {count} micro-batches")
+    is_split = [bool(shape) and shape[0] == batch for shape in step.arg_shapes]
+    flat = step.flat_args(example_inputs)
+    micro_inputs = [x[:batch // count] if s else x for x, s in zip(flat, is_split)]
+    try:
+        micro = _Step(*graph_import.from_function(
+            fn, tf.nest.pack_sequence_as(list(example_inputs), micro_inputs),
+            variables=variables), variables)
+    except (ValueError, tf.errors.InvalidArgumentError) as e:
+        raise ValueError(f"the step does not trace on a micro-batch of {batch // count} "
+                         f"(it must take any batch size to run in micro-batches): {e}") from e
+    ops = {node.name for node in step.graph_def.node}
+    if ops != {node.name for node in micro.graph_def.node}:
+        raise ValueError("the step traced on a micro-batch has other ops than on the whole "
+                         "batch, so the plan does not place it")
+    return micro, is_split
 
 
 class _Step:
@@ -102,6 +130,8 @@ class _Step:
         self.arg_shapes = [tuple(graph.tensors[n].shape) for n in self.arg_names]
         self.output_names = [t.name for t in concrete.graph.outputs]
         self.structured_outputs = concrete.structured_outputs
+        self.dtype_of = lambda name: concrete.graph.get_tensor_by_name(
+            name).dtype.as_datatype_enum
         by_handle = {id(v.handle): v for v in list(concrete.variables) + list(variables)}
         self.captured_variables, self.captured_values = {}, {}
         for external, internal in concrete.graph.captures:
@@ -209,9 +239,11 @@ class MeshStep(ParallelStep):
 
 class PlacedStep(ParallelStep):
     """A pipeline plan (one replica, no tensor parallelism) placed as `Plan.apply` places
-    it, the batch run whole (no micro-batches)."""
+    it; with micro-batches, gradients are accumulated over them before one update."""
 
-    def __init__(self, plan, step, spec):
+    def __init__(self, plan, step, spec, is_split=None):
+        """`step` is traced on one micro-batch when the plan has several; `is_split` says
+        which of its arguments are split into micro-batches."""
         super().__init__(plan, step)
         placed = plan.apply(step.graph_def)
         first_reader = {}
@@ -224,10 +256,54 @@ class PlacedStep(ParallelStep):
             with tf.device(first_reader.get(name.split(":")[0]) or spec.device_name(0)):
                 self.copies[id(var)] = tf.Variable(var.read_value(), trainable=var.trainable)
         self.captured_constants = dict(step.captured_values)
-        self.run = step.importer(placed, self.feed_captures, tf.identity)
+        if plan.micro_batches > 1:
+            self.run = self.micro_batched(placed, plan.micro_batches, is_split)
+        else:
+            self.run = step.importer(placed, self.feed_captures, tf.identity)
+
+    def micro_batched(self, placed, count, is_split):
+        """The tf.function of a step in `count` micro-batches (`micro_batches.split`): the
+        arguments `is_split` marks are split, the compute part runs per micro-batch, the
+        update once on the frontier's mean. Scalar outputs (a mean loss) are averaged,
+        others concatenated along the batch."""
+        step = self.step
+        cut = micro_batches.split(placed, step.arg_names, step.output_names, step.dtype_of)
+        device = {node.name: node.device for node in cut.update.node}
+        outputs = len(step.output_names)
+
+        @tf.function(autograph=False)
+        def run(*args):
+            parts = [tf.split(a, count) if s else [a] * count for a, s in zip(args, is_split)]
+            results = []
+            for i in range(count):
+                feed = self.feed_captures()
+                feed.update((name, part[i]) for name, part in zip(step.arg_names, parts))
+                results.append(tf.graph_util.import_graph_def(
+                    cut.compute, input_map=_present(cut.compute, feed),
+                    return_elements=step.output_names + cut.frontier, name=f"micro_batch_{i}"))
+            with tf.control_dependencies([t for result in results for t in result]):
+                feed = self.feed_captures()
+            for k, placeholder in enumerate(cut.placeholders):
+                with tf.device(device[placeholder]):
+                    total = tf.add_n([result[outputs + k] for result in results])
+                    feed[placeholder] = total / tf.cast(count, total.dtype)
+            tf.graph_util.import_graph_def(cut.update, input_map=_present(cut.update, feed),
+                                           name="update")
+            per_output = zip(*[result[:outputs] for result in results])
+            return [tf.add_n(list(values)) / count if values[0].shape.rank == 0
+                    else tf.concat(values, 0) for values in per_output]
+
+        return run
 
     def to_devices(self, value, shape):
         return value
 
     def from_devices(self, value):
         return value
+
+
+def _present(graph_def, feed):
+    """The entries of `feed` whose placeholder `graph_def` holds (import_graph_def refuses
+    others)."""
+    names = {node.name for node in graph_def.node}
+    return {k: v for k, v in feed.items() if k.split(":")[0] in names}

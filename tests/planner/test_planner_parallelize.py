@@ -195,12 +195,40 @@ class ParallelizeTest(tf.test.TestCase):
     def test_einsum_block_data_times_operator(self):
         self._check_strategy("einsum", "auto", self._hybrid_plan("einsum"))
 
+    def _ops_run(self, parallel, model):
+        """The ops of the pipeline step's tf.function, after checking they use every device."""
+        _, inputs, _ = _MODELS[model](seed=1)
+        ops = parallel.run.get_concrete_function(*inputs).graph.get_operations()
+        devices = {op.device.rpartition(":")[2] for op in ops if op.device}
+        self.assertLen(devices, _DEVICES, sorted(devices))
+        return ops
+
     def test_reference_block_pipeline(self):
         parallel = self._check_strategy("reference", "pipeline")
-        devices = {op.device for op in parallel.run.get_concrete_function(
-            *[tf.TensorSpec(shape, tf.float32) for shape in parallel.step.arg_shapes]
-        ).graph.get_operations() if op.device}
-        self.assertLen({d.rpartition(":")[2] for d in devices}, _DEVICES, sorted(devices))
+        self._ops_run(parallel, "reference")
+
+    def test_pipeline_in_micro_batches(self):
+        step, inputs, variables = _einsum_block(seed=1)
+        plan = planner.search(step, inputs, cluster="4xCPU", strategy="pipeline",
+                              variables=variables.values())
+        parallel = self._check_strategy("einsum", "pipeline",
+                                        dataclasses.replace(plan, micro_batches=_DEVICES))
+        ops = self._ops_run(parallel, "einsum")
+        # Each micro-batch computes its gradients; the variables are written once.
+        for i in range(_DEVICES):
+            self.assertTrue(any(op.name.startswith(f"micro_batch_{i}/") for op in ops))
+        writes = [op for op in ops if op.type == "AssignSubVariableOp"]
+        self.assertLen(writes, len(variables))
+        self.assertTrue(all(op.name.startswith("update/") for op in writes))
+
+    def test_micro_batches_need_a_step_of_any_batch_size(self):
+        # The reference block reshapes to its batch size: it does not trace on less.
+        step, inputs, variables = _reference_block(seed=2)
+        plan = planner.search(step, inputs, cluster="4xCPU", strategy="pipeline",
+                              variables=variables.values())
+        with self.assertRaisesRegex(ValueError, "does not trace on a micro-batch of 1"):
+            planner.parallelize(step, inputs, cluster="4xCPU", variables=variables.values(),
+                                plan=dataclasses.replace(plan, micro_batches=_DEVICES))
 
     def test_pipeline_mixed_with_replicas_is_refused(self):
         step, inputs, variables = _reference_block(seed=2)
