@@ -13,7 +13,10 @@ convention:
   where values live, never what is computed, so results match one device up to rounding.
 - A pipeline plan with one replica and no tensor parallelism runs as `Plan.apply` places
   it: every op on its stage's device, each variable copied onto the device of the stage that
-  reads it first. The batch is not split into micro-batches: the step runs as one batch.
+  reads it first. With m micro-batches, the step is traced again on one micro-batch and cut
+  at its variable writes (`micro_batches`): each micro-batch computes its gradients, the
+  writes run once on their mean. TF's executor runs the micro-batches' ops as they become
+  ready (no GPipe or 1F1B order is imposed).
 - Pipelines combined with data or tensor parallelism do not run yet (ValueError).
 
 The step's own variables are left as they were; `ParallelStep.sync_variables` writes the
