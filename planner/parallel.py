@@ -211,6 +211,15 @@ class MeshStep(ParallelStep):
 
     def __init__(self, plan, step, spec):
         super().__init__(plan, step)
+        graph_def = step.graph_def
+        if any(node.op == "FusionStitch" for node in graph_def.node) or any(
+                node.op == "FusionStitch" for f in graph_def.library.function
+                for node in f.node_def):
+            raise ValueError(
+                "the step holds FusionStitch ops (tf_fusionstitch.optimize fused it), which "
+                "DTensor cannot partition: it has no layout propagation for them. Run the "
+                "fused step with a pipeline plan (strategy='pipeline'), or parallelize the "
+                "step before optimizing it")
         self.layouts = layouts.MeshLayouts(plan)
         self.mesh = dtensor.create_mesh(self.layouts.mesh_axes,
                                         devices=[f"CPU:{i}" for i in range(spec.num_devices)])
