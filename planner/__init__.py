@@ -77,8 +77,8 @@ def parallelize(fn, example_inputs, cluster="4xCPU", strategy="auto", method="gr
     `search_options` (budget, seed, schedule, fusion). cluster: `NxCPU`, N logical CPU
     devices of this process (set up here if TensorFlow has not initialised its devices; else
     see `use_cpu_devices`). Data x tensor parallel plans run under DTensor; pipeline plans
-    (one replica, no tensor parallelism) run placed, in micro-batches; pipelines mixed
-    with the others raise ValueError. The callable takes `fn`'s arguments and returns its
+    without tensor parallelism run placed, in replicas and micro-batches; pipelines with
+    tensor parallelism raise ValueError. The callable takes `fn`'s arguments and returns its
     outputs; its `.plan` is the plan and `.sync_variables()` writes the distributed
     variables' values back into `fn`'s variables. Imports TensorFlow.
     """

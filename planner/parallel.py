@@ -11,13 +11,15 @@ convention:
   DVariables' handles and its arguments to the DTensor inputs; calling it runs DTensor's SPMD
   expansion, which partitions every op and inserts the collectives. DTensor's layouts change
   where values live, never what is computed, so results match one device up to rounding.
-- A pipeline plan with one replica and no tensor parallelism runs as `Plan.apply` places
-  it: every op on its stage's device, each variable copied onto the device of the stage that
-  reads it first. With m micro-batches, the step is traced again on one micro-batch and cut
-  at its variable writes (`micro_batches`): each micro-batch computes its gradients, the
-  writes run once on their mean. TF's executor runs the micro-batches' ops as they become
-  ready (no GPipe or 1F1B order is imposed).
-- Pipelines combined with data or tensor parallelism do not run yet (ValueError).
+- A pipeline plan without tensor parallelism runs as `Plan.apply` places it: every op on
+  its stage's device (replica r's on the r-th device of the stage's group), each variable
+  copied onto the device of the stage that reads it first in replica 0. With d replicas and
+  m micro-batches, the step is traced again on one of d x m pieces of the batch and cut at
+  its variable writes (`micro_batches`): each piece computes its gradients on its replica's
+  devices, the writes run once on their mean. The replicas share one copy of each variable,
+  so the gradients' mean is a reduce onto it, not an all-reduce between replicas. TF's
+  executor runs the pieces' ops as they become ready (no GPipe or 1F1B order is imposed).
+- Pipelines combined with tensor parallelism do not run yet (ValueError).
 
 The step's own variables are left as they were; `ParallelStep.sync_variables` writes the
 distributed copies' values back into them.
@@ -86,26 +88,26 @@ def build(fn, example_inputs, cluster, plan=None, search=None, variables=()):
     step = _Step(graph, graph_def, concrete, variables)
     if plan.num_stages == 1:
         return MeshStep(plan, step, spec)
-    if plan.replicas * plan.tensor_parallel > 1:
+    if plan.tensor_parallel > 1:
         raise ValueError(
-            f"the plan pipelines {plan.num_stages} stages of {plan.replicas} replicas x "
-            f"{plan.tensor_parallel}-way tensor parallelism: pipeline stages run only alone "
-            "(one replica, no tensor parallelism) for now; search with strategy='pipeline', "
-            "'data' or 'operator'")
-    if plan.micro_batches == 1:
+            f"the plan pipelines {plan.num_stages} stages of {plan.tensor_parallel}-way "
+            "tensor parallelism: pipeline stages do not run with tensor parallelism yet; "
+            "search with strategy='pipeline', 'data' or 'operator'")
+    pieces = plan.replicas * plan.micro_batches
+    if pieces == 1:
         return PlacedStep(plan, step, spec)
-    micro, is_split = _micro_batch_step(fn, example_inputs, variables, step,
-                                        plan.micro_batches)
+    micro, is_split = _micro_batch_step(fn, example_inputs, variables, step, pieces)
     return PlacedStep(plan, micro, spec, is_split)
 
 
 def _micro_batch_step(fn, example_inputs, variables, step, count):
-    """`fn` traced again on one micro-batch of the example inputs (its graph holds the
-    micro-batch's shapes), and which arguments are split: those whose first axis is the
-    batch (the first argument's)."""
+    """`fn` traced again on one of `count` equal pieces of the example inputs' batch (its
+    graph holds the piece's shapes), and which arguments are split: those whose first
+    axis is the batch (the first argument's)."""
     batch = step.arg_shapes[0][0] if step.arg_shapes and step.arg_shapes[0] else None
     if batch is None or batch % count:
-        raise ValueError(f"a batch of {batch} does not split into {count} micro-batches")
+        raise ValueError(f"a batch of {batch} does not split into {count} pieces (replicas "
+                         "x micro-batches)")
     is_split = [bool(shape) and shape[0] == batch for shape in step.arg_shapes]
     flat = step.flat_args(example_inputs)
     micro_inputs = [x[:batch // count] if s else x for x, s in zip(flat, is_split)]
@@ -250,12 +252,13 @@ class MeshStep(ParallelStep):
 
 
 class PlacedStep(ParallelStep):
-    """A pipeline plan (one replica, no tensor parallelism) placed as `Plan.apply` places
-    it; with micro-batches, gradients are accumulated over them before one update."""
+    """A pipeline plan (no tensor parallelism) placed as `Plan.apply` places it, each
+    replica on its own devices; with several replicas or micro-batches, every piece of the
+    batch computes its gradients and one update runs on their mean."""
 
     def __init__(self, plan, step, spec, is_split=None):
-        """`step` is traced on one micro-batch when the plan has several; `is_split` says
-        which of its arguments are split into micro-batches."""
+        """`step` is traced on one piece of the batch (replicas x micro-batches) when there
+        are several; `is_split` says which of its arguments are split into pieces."""
         super().__init__(plan, step)
         placed = plan.apply(step.graph_def)
         first_reader = {}
@@ -268,19 +271,25 @@ class PlacedStep(ParallelStep):
             with tf.device(first_reader.get(name.split(":")[0]) or spec.device_name(0)):
                 self.copies[id(var)] = tf.Variable(var.read_value(), trainable=var.trainable)
         self.captured_constants = dict(step.captured_values)
-        if plan.micro_batches > 1:
-            self.run = self.micro_batched(placed, plan.micro_batches, is_split)
+        if plan.replicas * plan.micro_batches > 1:
+            self.run = self.micro_batched(placed, is_split)
         else:
             self.run = step.importer(placed, self.feed_captures, tf.identity)
 
-    def micro_batched(self, placed, count, is_split):
-        """The tf.function of a step in `count` micro-batches (`micro_batches.split`): the
-        arguments `is_split` marks are split, the compute part runs per micro-batch, the
-        update once on the frontier's mean. Scalar outputs (a mean loss) are averaged,
-        others concatenated along the batch."""
-        step = self.step
-        cut = micro_batches.split(placed, step.arg_names, step.output_names, step.dtype_of)
-        device = {node.name: node.device for node in cut.update.node}
+    def micro_batched(self, placed, is_split):
+        """The tf.function of a step in pieces (`micro_batches.split`): the arguments
+        `is_split` marks are split into replicas x micro-batches equal pieces, piece k runs
+        the compute part on replica k // micro-batches's devices, the update runs once, on
+        replica 0's, on the frontier's mean. Scalar outputs (a mean loss) are averaged,
+        others concatenated along the batch. The replicas share one copy of each variable
+        (on replica 0's devices): the gradients' mean is a reduce onto it."""
+        step, plan = self.step, self.plan
+        count = plan.replicas * plan.micro_batches
+        cuts = [micro_batches.split(placed if r == 0 else plan.apply(step.graph_def, r),
+                                    step.arg_names, step.output_names, step.dtype_of)
+                for r in range(plan.replicas)]
+        update = cuts[0]
+        device = {node.name: node.device for node in update.update.node}
         outputs = len(step.output_names)
 
         @tf.function(autograph=False)
@@ -288,6 +297,7 @@ class PlacedStep(ParallelStep):
             parts = [tf.split(a, count) if s else [a] * count for a, s in zip(args, is_split)]
             results = []
             for i in range(count):
+                cut = cuts[i // plan.micro_batches]
                 feed = self.feed_captures()
                 feed.update((name, part[i]) for name, part in zip(step.arg_names, parts))
                 results.append(tf.graph_util.import_graph_def(
@@ -295,11 +305,12 @@ class PlacedStep(ParallelStep):
                     return_elements=step.output_names + cut.frontier, name=f"micro_batch_{i}"))
             with tf.control_dependencies([t for result in results for t in result]):
                 feed = self.feed_captures()
-            for k, placeholder in enumerate(cut.placeholders):
+            for k, placeholder in enumerate(update.placeholders):
                 with tf.device(device[placeholder]):
                     total = tf.add_n([result[outputs + k] for result in results])
                     feed[placeholder] = total / tf.cast(count, total.dtype)
-            tf.graph_util.import_graph_def(cut.update, input_map=_present(cut.update, feed),
+            tf.graph_util.import_graph_def(update.update,
+                                           input_map=_present(update.update, feed),
                                            name="update")
             per_output = zip(*[result[:outputs] for result in results])
             return [tf.add_n(list(values)) / count if values[0].shape.rank == 0

@@ -1,7 +1,7 @@
 """`planner.parallelize` on 4 logical CPU devices: data, operator, auto and 2 x 2 plans under
-DTensor, and pipeline plans (placed, also in micro-batches), each three steps with the
-single-device losses and variables, for two transformer blocks of different styles; the
-combinations that do not run are refused with what to do.
+DTensor, and pipeline plans (placed; in micro-batches; 2 stages x 2 replicas), each three
+steps with the single-device losses and variables, for two transformer blocks of different
+styles; the combinations that do not run are refused with what to do.
 """
 
 import dataclasses
@@ -77,14 +77,28 @@ class ParallelizeTest(lib.ParallelStepCase):
             planner.parallelize(step, inputs, cluster="4xCPU", variables=variables.values(),
                                 plan=dataclasses.replace(plan, micro_batches=DEVICES))
 
-    def test_pipeline_mixed_with_replicas_is_refused(self):
-        step, inputs, variables = reference_block(seed=2)
+    def two_stage_plan(self, model, **mesh):
+        """The planner's 2-stage pipeline plan of the model on 2 CPUs, with `mesh` (replicas,
+        tensor_parallel, micro_batches) changed to fill 4."""
+        step, inputs, variables = MODELS[model](seed=1)
         plan = planner.search(step, inputs, cluster="2xCPU", strategy="pipeline",
                               variables=variables.values())
-        mixed = dataclasses.replace(plan, replicas=2,
-                                    cluster=planner.get_cluster("4xCPU").to_dict())
-        with self.assertRaisesRegex(ValueError, "pipeline stages run only alone"):
-            planner.parallelize(step, inputs, cluster="4xCPU", plan=mixed,
+        self.assertEqual(plan.num_stages, 2)
+        return dataclasses.replace(plan, cluster=planner.get_cluster("4xCPU").to_dict(),
+                                   **mesh)
+
+    def test_pipeline_times_data(self):
+        parallel = self.check_strategy(
+            "einsum", "pipeline", self.two_stage_plan("einsum", replicas=2, micro_batches=2))
+        ops = self.ops_run(parallel, "einsum")
+        # Replica r's stages run on devices 2s + r: all four devices compute.
+        self.assertTrue(any(op.name.startswith("micro_batch_3/") for op in ops))
+
+    def test_pipeline_times_tensor_parallel_is_refused(self):
+        step, inputs, variables = einsum_block(seed=2)
+        with self.assertRaisesRegex(ValueError, "do not run with tensor parallelism"):
+            planner.parallelize(step, inputs, cluster="4xCPU",
+                                plan=self.two_stage_plan("einsum", tensor_parallel=2),
                                 variables=variables.values())
 
     def test_cluster_that_does_not_match_the_devices(self):
