@@ -22,8 +22,9 @@ from tf_fusionstitch.planner.plan import Plan
 from tf_fusionstitch.planner.searches import METHODS
 from tf_fusionstitch.planner.strategies import STRATEGIES, PlanEnv
 
-__all__ = ["search", "search_graph", "parallelize", "use_cpu_devices", "Plan", "ClusterSpec", "get_cluster", "PRESETS",
-           "STRATEGIES", "METHODS", "PlanEnv", "CostModel", "Config", "Estimate"]
+__all__ = ["search", "search_graph", "parallelize", "use_cpu_devices", "local_cluster", "Plan",
+           "ClusterSpec", "get_cluster", "PRESETS", "STRATEGIES", "METHODS", "PlanEnv",
+           "CostModel", "Config", "Estimate"]
 
 
 def _check(strategy, method):
@@ -97,3 +98,12 @@ def use_cpu_devices(count):
     before TensorFlow runs anything. Imports TensorFlow."""
     from tf_fusionstitch.planner import parallel
     return parallel.use_cpu_devices(count)
+
+
+def local_cluster(workers=2, devices_per_worker=1):
+    """Starts `workers` TensorFlow worker processes on 127.0.0.1 (`devices_per_worker` CPU
+    devices each) and joins them; the result is a `cluster=` for `parallelize` (data and
+    pipeline plans run placed on the workers) and a context manager that stops them. Create
+    the model after it. Imports TensorFlow."""
+    from tf_fusionstitch.planner import local_workers
+    return local_workers.LocalCluster(workers, devices_per_worker)

@@ -29,7 +29,7 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tf_fusionstitch.planner import cluster as cluster_lib
-from tf_fusionstitch.planner import graph_import, layouts, micro_batches
+from tf_fusionstitch.planner import graph_import, layouts, local_workers, micro_batches
 
 
 def use_cpu_devices(count):
@@ -59,23 +59,29 @@ def use_cpu_devices(count):
     return [d.name for d in devices[:count]]
 
 
-def run_cluster(spec):
-    """The `ClusterSpec` of `spec` if this process can run on it (N logical CPUs)."""
-    spec = cluster_lib.get_cluster(spec)
+def run_cluster(cluster):
+    """The `ClusterSpec` plans run on for `cluster` (a `LocalCluster`, or a spec of this
+    process's logical CPUs), and whether its devices are in worker processes."""
+    if isinstance(cluster, local_workers.LocalCluster):
+        return cluster.spec, True
+    spec = cluster_lib.get_cluster(cluster)
     if spec.device_type != "CPU" or spec.nodes != 1:
         raise ValueError(f"cannot run on cluster {spec.name!r}: plans run on this process's "
-                         "logical CPU devices, cluster='NxCPU' (e.g. '4xCPU')")
-    return spec
+                         "logical CPU devices, cluster='NxCPU' (e.g. '4xCPU'), or on "
+                         "planner.local_cluster(...)'s worker processes")
+    return spec, False
 
 
 def build(fn, example_inputs, cluster, plan=None, search=None, variables=()):
     """A `ParallelStep` of `fn` under `plan`, or under `search(ir_graph, cluster_spec)`'s plan.
 
-    cluster: an `NxCPU` spec; its N logical devices are set up here if TF has not started.
+    cluster: an `NxCPU` spec (its N logical devices are set up here if TF has not started)
+    or a `LocalCluster` (data and pipeline plans run placed on its workers).
     variables: tf.Variables `fn` uses only through raw handles (as for `planner.search`).
     """
-    spec = run_cluster(cluster)
-    use_cpu_devices(spec.num_devices)
+    spec, remote = run_cluster(cluster)
+    if not remote:
+        use_cpu_devices(spec.num_devices)
     graph, graph_def, concrete = graph_import.from_function(fn, example_inputs,
                                                             variables=variables)
     if plan is None:
@@ -86,7 +92,12 @@ def build(fn, example_inputs, cluster, plan=None, search=None, variables=()):
                          f"{plan.tensor_parallel}-way tensor parallel x {plan.num_stages} "
                          f"stages) but cluster {spec.name!r} has {spec.num_devices}")
     step = _Step(graph, graph_def, concrete, variables)
-    if plan.num_stages == 1:
+    if remote and plan.tensor_parallel > 1:
+        raise ValueError(
+            f"the plan splits variables {plan.tensor_parallel} ways: tensor parallel plans "
+            "run under DTensor on this process's devices (cluster='NxCPU') only; on a "
+            "local_cluster, search with strategy='data' or 'pipeline'")
+    if plan.num_stages == 1 and not remote:
         return MeshStep(plan, step, spec)
     if plan.tensor_parallel > 1:
         raise ValueError(

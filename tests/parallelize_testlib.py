@@ -113,21 +113,23 @@ class ParallelStepCase(tf.test.TestCase):
         if SETUP_ERROR is not None:
             self.skipTest(SETUP_ERROR)
 
-    def check_strategy(self, model, strategy, plan=None, fuse=False):
-        """Three steps of the model under the plan (or the strategy's) against one device;
-        with `fuse`, the parallel step runs what tf_fusionstitch.optimize makes of it."""
+    def check_strategy(self, model, strategy, plan=None, fuse=False, cluster="4xCPU"):
+        """Three steps of the model under the plan (or the strategy's) on `cluster` against
+        one device; with `fuse`, the parallel step runs what tf_fusionstitch.optimize makes
+        of it."""
         build = MODELS[model]
         step, inputs, variables = build(seed=1)
         # The parallel step copies the initial weights, so it is built before the reference
         # steps change them.
         parallel = planner.parallelize(fs.optimize(step) if fuse else step, inputs,
-                                       cluster="4xCPU", strategy=strategy, plan=plan,
+                                       cluster=cluster, strategy=strategy, plan=plan,
                                        variables=variables.values())
         searched, plan = plan is None, parallel.plan
         if searched:
             mesh = (plan.replicas, plan.tensor_parallel, plan.num_stages)
-            want = {"data": (DEVICES, 1, 1), "operator": (1, DEVICES, 1),
-                    "pipeline": (1, 1, DEVICES)}.get(strategy)
+            n = plan.cluster_spec.num_devices
+            want = {"data": (n, 1, 1), "operator": (1, n, 1),
+                    "pipeline": (1, 1, n)}.get(strategy)
             if want is not None:
                 self.assertEqual(mesh, want, str(plan))
         if plan.tensor_parallel > 1:
@@ -171,6 +173,10 @@ class ParallelStepCase(tf.test.TestCase):
         """The ops of the pipeline step's tf.function, after checking they use every device."""
         _, inputs, _ = MODELS[model](seed=1)
         ops = parallel.run.get_concrete_function(*inputs).graph.get_operations()
-        devices = {op.device.rpartition(":")[2] for op in ops if op.device}
-        self.assertLen(devices, DEVICES, sorted(devices))
+        devices = set()
+        for op in ops:
+            if op.device:
+                spec = tf.DeviceSpec.from_string(op.device)
+                devices.add((spec.job, spec.task, spec.device_index))
+        self.assertLen(devices, parallel.plan.cluster_spec.num_devices, sorted(devices))
         return ops

@@ -14,7 +14,7 @@ TF_FACING = {
     "tf_fusionstitch.tools.demo",
     "tf_fusionstitch.planner.graph_import", "tf_fusionstitch.planner.reference_models",
     "tf_fusionstitch.planner.more_models", "tf_fusionstitch.planner.model_blocks",
-    "tf_fusionstitch.planner.parallel",
+    "tf_fusionstitch.planner.parallel", "tf_fusionstitch.planner.local_workers",
     # the fuzzer: all but its vocabulary (ops) and shape inference (case_types)
     *(f"tf_fusionstitch.tools.fuzzing.{m}" for m in (
         "np_dtypes", "inputs", "tf_graph", "generator", "intervals", "op_errors",
