@@ -77,9 +77,10 @@ def parallelize(fn, example_inputs, cluster="4xCPU", strategy="auto", method="gr
     The plan is `plan`, or the one `search` finds for `fn` with `strategy`, `method` and
     `search_options` (budget, seed, schedule, fusion). cluster: `NxCPU`, N logical CPU
     devices of this process (set up here if TensorFlow has not initialised its devices; else
-    see `use_cpu_devices`). Data x tensor parallel plans run under DTensor; pipeline plans
-    without tensor parallelism run placed, in replicas and micro-batches; pipelines with
-    tensor parallelism raise ValueError. The callable takes `fn`'s arguments and returns its
+    see `use_cpu_devices`), or a `local_cluster(...)`. Data x tensor parallel plans run
+    under DTensor (on NxCPU); pipeline and data plans without tensor parallelism run placed,
+    in replicas and micro-batches (on a local cluster, always so); pipelines with tensor
+    parallelism raise ValueError. The callable takes `fn`'s arguments and returns its
     outputs; its `.plan` is the plan and `.sync_variables()` writes the distributed
     variables' values back into `fn`'s variables. Imports TensorFlow.
     """

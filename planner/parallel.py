@@ -19,6 +19,9 @@ convention:
   devices, the writes run once on their mean. The replicas share one copy of each variable,
   so the gradients' mean is a reduce onto it, not an all-reduce between replicas. TF's
   executor runs the pieces' ops as they become ready (no GPipe or 1F1B order is imposed).
+- On a `LocalCluster` (worker processes over gRPC), data and pipeline plans run placed as
+  above, on the workers' devices; tensor parallel plans do not (DTensor runs in this
+  process only).
 - Pipelines combined with tensor parallelism do not run yet (ValueError).
 
 The step's own variables are left as they were; `ParallelStep.sync_variables` writes the
