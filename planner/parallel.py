@@ -101,6 +101,9 @@ def build(fn, example_inputs, cluster, plan=None, search=None, variables=()):
             "run under DTensor on this process's devices (cluster='NxCPU') only; on a "
             "local_cluster, search with strategy='data' or 'pipeline'")
     if plan.num_stages == 1 and not remote:
+        if plan.micro_batches > 1:
+            raise ValueError(f"the plan has {plan.micro_batches} micro-batches but no "
+                             "pipeline stages: micro-batches run in pipeline plans only")
         return MeshStep(plan, step, spec)
     if plan.tensor_parallel > 1:
         raise ValueError(

@@ -101,6 +101,13 @@ class ParallelizeTest(lib.ParallelStepCase):
                                 plan=self.two_stage_plan("einsum", tensor_parallel=2),
                                 variables=variables.values())
 
+    def test_micro_batches_without_stages_are_refused(self):
+        step, inputs, variables = einsum_block(seed=2)
+        plan = planner.search(step, inputs, cluster="4xCPU", strategy="data")
+        with self.assertRaisesRegex(ValueError, "micro-batches run in pipeline plans only"):
+            planner.parallelize(step, inputs, cluster="4xCPU",
+                                plan=dataclasses.replace(plan, micro_batches=2))
+
     def test_cluster_that_does_not_match_the_devices(self):
         step, inputs, variables = einsum_block(seed=2)
         with self.assertRaisesRegex(ValueError, r"needs 8 logical CPU devices.*"
