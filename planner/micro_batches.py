@@ -12,12 +12,16 @@ arguments (the gradients, or what the update is computed from):
 That is one step on the whole batch when the frontier is a mean over the batch (the
 gradient of a mean loss, as the planner's cost model assumes) and the update is linear in
 it up to the writes (Adam's `ResourceApplyAdam` takes the gradient itself; SGD's
-`assign_sub(lr * g)` scales it). Works on GraphDef protobufs only, as `Plan.apply` does.
+`assign_sub(lr * g)` scales it).
+
+`pipelined` merges the pieces' compute parts into one GraphDef whose control edges make
+each pipeline stage run its micro-batches' forwards and backwards in a `schedule` (GPipe
+or 1F1B). Works on GraphDef protobufs only, as `Plan.apply` does.
 """
 
 import dataclasses
 
-from tf_fusionstitch.planner import op_rules
+from tf_fusionstitch.planner import ir, op_rules
 
 
 @dataclasses.dataclass
@@ -125,3 +129,86 @@ def split(graph_def, args, outputs, dtype_of):
         node.device = nodes[_node_of(tensor)].device
         node.attr["dtype"].type = dtype_of(tensor)
     return Split(_subgraph(graph_def, compute), update_def, frontier, placeholders, writes)
+
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def schedule(kind, stages, micro_batches):
+    """Per pipeline stage, the order its (micro-batch, phase) groups run in, phase "forward"
+    or "backward": "gpipe" runs every forward, then every backward; "1f1b" lets stage s run
+    `stages - s - 1` forwards to fill the pipeline, then one forward and one backward in
+    turn, then the backwards left."""
+    if kind not in SCHEDULES:
+        raise ValueError(f"unknown pipeline schedule {kind!r}; use one of {SCHEDULES}")
+    forward, backward = ir.FORWARD, ir.BACKWARD
+    orders = []
+    for s in range(stages):
+        if kind == "gpipe":
+            order = [(i, forward) for i in range(micro_batches)]
+            order += [(i, backward) for i in range(micro_batches)]
+        else:
+            warm = min(stages - s - 1, micro_batches)
+            order = [(i, forward) for i in range(warm)]
+            for i in range(micro_batches - warm):
+                order += [(warm + i, forward), (i, backward)]
+            order += [(i, backward) for i in range(micro_batches - warm, micro_batches)]
+        orders.append(order)
+    return orders
+
+
+def _prefixed(node, prefix):
+    copy = type(node)()
+    copy.CopyFrom(node)
+    copy.name = prefix + node.name
+    del copy.input[:]
+    copy.input.extend(("^" + prefix + inp[1:]) if inp.startswith("^") else prefix + inp
+                      for inp in node.input)
+    if "_class" in node.attr:   # colocation with other nodes of the same piece
+        del copy.attr["_class"].list.s[:]
+        copy.attr["_class"].list.s.extend(
+            b"loc:@" + prefix.encode() + c[len(b"loc:@"):] if c.startswith(b"loc:@") else c
+            for c in node.attr["_class"].list.s)
+    return copy
+
+
+def pipelined(pieces, micro_batches, group_of, orders):
+    """One GraphDef of every piece's compute part, piece k's nodes named "micro_batch_k/..."
+    (piece k is micro-batch k % `micro_batches` of replica k // `micro_batches`), with
+    control edges that make each stage of each replica run its groups of nodes in `orders`
+    (`schedule`): between consecutive groups, a NoOp that waits for every node of the first
+    and that every node of the second waits for.
+
+    pieces: the compute GraphDef of each piece. group_of(node name): (stage, phase) of a
+    node of the step, or None for nodes left unordered (placeholders, which are fed).
+    """
+    merged = type(pieces[0])()
+    merged.versions.CopyFrom(pieces[0].versions)
+    merged.library.CopyFrom(pieces[0].library)
+    members, nodes = {}, {}
+    for k, piece in enumerate(pieces):
+        prefix = f"micro_batch_{k}/"
+        replica, micro_batch = divmod(k, micro_batches)
+        for node in piece.node:
+            copy = merged.node.add()
+            copy.CopyFrom(_prefixed(node, prefix))
+            nodes[copy.name] = copy
+            group = group_of(node.name) if node.op != "Placeholder" else None
+            if group is not None:
+                stage, phase = group
+                phase = ir.FORWARD if phase == ir.FORWARD else ir.BACKWARD
+                members.setdefault((replica, stage, micro_batch, phase), []).append(copy.name)
+    replicas = len(pieces) // micro_batches
+    for replica in range(replicas):
+        for stage, order in enumerate(orders):
+            groups = [members[(replica, stage) + step] for step in order
+                      if (replica, stage) + step in members]
+            for j, (first, second) in enumerate(zip(groups, groups[1:])):
+                barrier = merged.node.add()
+                barrier.name = f"pipeline_schedule/replica_{replica}/stage_{stage}/{j}"
+                barrier.op = "NoOp"
+                barrier.device = nodes[first[0]].device
+                barrier.input.extend("^" + name for name in first)
+                for name in second:
+                    nodes[name].input.append("^" + barrier.name)
+    return merged

@@ -17,8 +17,9 @@ convention:
   m micro-batches, the step is traced again on one of d x m pieces of the batch and cut at
   its variable writes (`micro_batches`): each piece computes its gradients on its replica's
   devices, the writes run once on their mean. The replicas share one copy of each variable,
-  so the gradients' mean is a reduce onto it, not an all-reduce between replicas. TF's
-  executor runs the pieces' ops as they become ready (no GPipe or 1F1B order is imposed).
+  so the gradients' mean is a reduce onto it, not an all-reduce between replicas. Each
+  stage of a replica takes its pieces' forwards and backwards in the plan's schedule
+  (GPipe or 1F1B: `micro_batches.schedule`), through control edges.
 - On a `LocalCluster` (worker processes over gRPC), data and pipeline plans run placed as
   above, on the workers' devices; tensor parallel plans do not (DTensor runs in this
   process only).
@@ -154,6 +155,7 @@ class _Step:
         self.structured_outputs = concrete.structured_outputs
         self.dtype_of = lambda name: concrete.graph.get_tensor_by_name(
             name).dtype.as_datatype_enum
+        self.phases = {name: op.phase for name, op in graph.ops.items()}
         by_handle = {id(v.handle): v for v in list(concrete.variables) + list(variables)}
         self.captured_variables, self.captured_values = {}, {}
         for external, internal in concrete.graph.captures:
@@ -296,31 +298,49 @@ class PlacedStep(ParallelStep):
     def micro_batched(self, placed, is_split):
         """The tf.function of a step in pieces (`micro_batches.split`): the arguments
         `is_split` marks are split into replicas x micro-batches equal pieces, piece k runs
-        the compute part on replica k // micro-batches's devices, the update runs once, on
-        replica 0's, on the frontier's mean. Scalar outputs (a mean loss) are averaged,
-        others concatenated along the batch. The replicas share one copy of each variable
-        (on replica 0's devices): the gradients' mean is a reduce onto it."""
+        the compute part on replica k // micro-batches's devices, each stage of a replica
+        taking its pieces' forwards and backwards in the order of the plan's schedule
+        (`micro_batches.pipelined`), and the update runs once, on replica 0's devices, on
+        the frontier's mean. Scalar outputs (a mean loss) are averaged, others concatenated
+        along the batch. The replicas share one copy of each variable (on replica 0's
+        devices): the gradients' mean is a reduce onto it."""
         step, plan = self.step, self.plan
         count = plan.replicas * plan.micro_batches
         cuts = [micro_batches.split(placed if r == 0 else plan.apply(step.graph_def, r),
                                     step.arg_names, step.output_names, step.dtype_of)
                 for r in range(plan.replicas)]
+        stage_of = {op: s for s, ops in enumerate(plan.stages) for op in ops}
+
+        def group_of(name):
+            if name not in stage_of or name not in step.phases:
+                return None
+            return stage_of[name], step.phases[name]
+
+        compute = micro_batches.pipelined(
+            [cuts[k // plan.micro_batches].compute for k in range(count)],
+            plan.micro_batches, group_of,
+            micro_batches.schedule(plan.schedule, plan.num_stages, plan.micro_batches))
         update = cuts[0]
         device = {node.name: node.device for node in update.update.node}
+        returned = step.output_names + update.frontier
         outputs = len(step.output_names)
 
         @tf.function(autograph=False)
         def run(*args):
             parts = [tf.split(a, count) if s else [a] * count for a, s in zip(args, is_split)]
-            results = []
-            for i in range(count):
-                cut = cuts[i // plan.micro_batches]
-                feed = self.feed_captures()
-                feed.update((name, part[i]) for name, part in zip(step.arg_names, parts))
-                results.append(tf.graph_util.import_graph_def(
-                    cut.compute, input_map=_present(cut.compute, feed),
-                    return_elements=step.output_names + cut.frontier, name=f"micro_batch_{i}"))
-            with tf.control_dependencies([t for result in results for t in result]):
+            captures = self.feed_captures()
+            feed = {}
+            for k in range(count):
+                prefix = f"micro_batch_{k}/"
+                feed.update((prefix + name, t) for name, t in captures.items())
+                feed.update((prefix + name, part[k])
+                            for name, part in zip(step.arg_names, parts))
+            flat = tf.graph_util.import_graph_def(
+                compute, input_map=_present(compute, feed), name="",
+                return_elements=[f"micro_batch_{k}/{t}" for k in range(count)
+                                 for t in returned])
+            results = [flat[k * len(returned):(k + 1) * len(returned)] for k in range(count)]
+            with tf.control_dependencies(flat):
                 feed = self.feed_captures()
             for k, placeholder in enumerate(update.placeholders):
                 with tf.device(device[placeholder]):

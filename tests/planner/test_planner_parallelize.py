@@ -14,6 +14,19 @@ import tensorflow as tf
 from tf_fusionstitch import planner
 
 
+def _barrier(ops, replica, stage, j):
+    """The pieces whose ops the j-th schedule barrier of a replica's stage waits for, and
+    the pieces whose ops wait for it."""
+    name = f"pipeline_schedule/replica_{replica}/stage_{stage}/{j}"
+    barrier = next(op for op in ops if op.name == name)
+
+    def pieces(names):
+        return {int(n.split("/")[0].rpartition("_")[2]) for n in names}
+
+    return (pieces(op.name for op in barrier.control_inputs),
+            pieces(op.name for op in ops if barrier in op.control_inputs))
+
+
 class ParallelizeTest(lib.ParallelStepCase):
 
     def test_reference_block_data(self):
@@ -67,6 +80,12 @@ class ParallelizeTest(lib.ParallelStepCase):
         writes = [op for op in ops if op.type == "AssignSubVariableOp"]
         self.assertLen(writes, len(variables))
         self.assertTrue(all(op.name.startswith("update/") for op in writes))
+        # 1F1B (the plan's schedule): the last stage alternates forward and backward; the
+        # first fills the pipeline with every forward before its first backward.
+        self.assertEqual(parallel.plan.schedule, "1f1b")
+        self.assertEqual(_barrier(ops, 0, stage=3, j=0), ({0}, {0}))   # F0 -> B0
+        self.assertEqual(_barrier(ops, 0, stage=3, j=1), ({0}, {1}))   # B0 -> F1
+        self.assertEqual(_barrier(ops, 0, stage=0, j=3), ({3}, {0}))   # F3 -> B0
 
     def test_micro_batches_need_a_step_of_any_batch_size(self):
         # The reference block reshapes to its batch size: it does not trace on less.
@@ -88,11 +107,15 @@ class ParallelizeTest(lib.ParallelStepCase):
                                    **mesh)
 
     def test_pipeline_times_data(self):
-        parallel = self.check_strategy(
-            "einsum", "pipeline", self.two_stage_plan("einsum", replicas=2, micro_batches=2))
+        parallel = self.check_strategy("einsum", "pipeline", self.two_stage_plan(
+            "einsum", replicas=2, micro_batches=2, schedule="gpipe"))
         ops = self.ops_run(parallel, "einsum")
-        # Replica r's stages run on devices 2s + r: all four devices compute.
-        self.assertTrue(any(op.name.startswith("micro_batch_3/") for op in ops))
+        # Replica r's stages run on devices 2s + r: all four devices compute. Replica 1
+        # has pieces 2 and 3; GPipe runs both forwards before the backwards on every stage.
+        for replica, first in ((0, 0), (1, 2)):
+            for stage in (0, 1):
+                self.assertEqual(_barrier(ops, replica, stage, 0), ({first}, {first + 1}))
+                self.assertEqual(_barrier(ops, replica, stage, 1), ({first + 1}, {first}))
 
     def test_pipeline_times_tensor_parallel_is_refused(self):
         step, inputs, variables = einsum_block(seed=2)
