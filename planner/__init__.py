@@ -10,10 +10,11 @@ run it.
     step = planner.parallelize(train_step, example_inputs, cluster="4xCPU")
     loss = step(*example_inputs)      # one step under the plan, on 4 logical CPUs
 
-Only `graph_import`, `parallel` (runs plans), the model builders (`reference_models`,
-`more_models`, `model_blocks`) and the DQN's networks import TensorFlow (lazily, from
-`search`, `parallelize` and `method="dqn"`); the IR, cost model, layouts, strategies and
-searches are TF-free (tests/test_imports.py checks it).
+Only `graph_import`, `parallel` (runs plans), `local_workers` (worker processes), the model
+builders (`reference_models`, `more_models`, `model_blocks`) and the DQN's networks import
+TensorFlow (lazily, from `search`, `parallelize`, `local_cluster` and `method="dqn"`); the
+IR, cost model, layouts, micro-batch cuts, strategies and searches are TF-free
+(tests/test_imports.py checks it).
 """
 
 from tf_fusionstitch.planner.cluster import PRESETS, ClusterSpec, get_cluster
