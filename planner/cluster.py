@@ -126,12 +126,17 @@ def _from_device(device, per_node, nodes):
                        inter_bandwidth=inter_bw, inter_latency=inter_lat, **_DEVICES[device])
 
 
-def _cpu_localhost(devices=4):
-    # Logical CPU devices of one process (tests use 4): they share one socket's cores and
-    # memory, so "communication" is a memcpy. Modest figures for a 2-core VM.
-    return ClusterSpec(name="cpu-localhost", devices_per_node=devices, nodes=1, flops=5e10,
+def cpu_cluster(devices=4, name="cpu-localhost", nodes=1):
+    """CPU devices on this machine: `nodes` processes of `devices` logical devices each.
+
+    Within a process they share one socket's cores and memory, so "communication" is a
+    memcpy. Between processes (localhost gRPC workers) it is an assumed 1 GB/s, 50 us
+    loopback, not a measurement. Modest figures for a 2-core VM.
+    """
+    return ClusterSpec(name=name, devices_per_node=devices, nodes=nodes, flops=5e10,
                        memory=8e9, memory_bandwidth=10e9, intra_bandwidth=5e9,
-                       intra_latency=2e-6, inter_bandwidth=0.0, inter_latency=0.0,
+                       intra_latency=2e-6, inter_bandwidth=1e9 if nodes > 1 else 0.0,
+                       inter_latency=50e-6 if nodes > 1 else 0.0,
                        device_type="CPU", op_overhead=5e-6)
 
 
@@ -144,7 +149,8 @@ def get_cluster(spec):
     """Returns a `ClusterSpec` from a spec, a preset name or string, a dict or a JSON string.
 
     Strings: `cpu-localhost`, `NxDEV` (N devices of DEV in one node) or `MxNxDEV` (M nodes),
-    DEV one of V100, A100, H200. A dict (or JSON object) either names `"base"` (a string spec)
+    DEV one of V100, A100, H200, or `NxCPU`: N logical CPU devices of this process, with
+    `cpu-localhost`'s figures. A dict (or JSON object) either names `"base"` (a string spec)
     and overrides fields, or gives every field of ClusterSpec.
     """
     if isinstance(spec, ClusterSpec):
@@ -157,7 +163,7 @@ def get_cluster(spec):
             except json.JSONDecodeError as e:
                 raise ValueError(f"cluster spec is not valid JSON: {e}") from None
         if text == "cpu-localhost":
-            return _cpu_localhost()
+            return cpu_cluster()
         match = re.fullmatch(r"(?:(\d+)x)?(\d+)x([A-Za-z0-9]+)", text)
         if not match:
             raise ValueError(f"cannot parse cluster spec {spec!r}: expected a preset "
@@ -168,7 +174,13 @@ def get_cluster(spec):
             raise ValueError(f"cluster spec field 'nodes' must be >= 1 in {spec!r}")
         if per_node < 1:
             raise ValueError(f"cluster spec field 'devices_per_node' must be >= 1 in {spec!r}")
-        return _from_device(match.group(3).upper(), per_node, nodes)
+        device = match.group(3).upper()
+        if device == "CPU":
+            if match.group(1):
+                raise ValueError(f"cluster spec {spec!r}: CPU devices are logical devices of "
+                                 "one process, so only 'NxCPU' (one node) is known")
+            return cpu_cluster(per_node, name=f"{per_node}xCPU")
+        return _from_device(device, per_node, nodes)
     if isinstance(spec, dict):
         unknown = set(spec) - _FIELDS - {"base"}
         if unknown:

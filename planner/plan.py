@@ -51,22 +51,25 @@ class Plan:
         group = self.replicas * self.tensor_parallel
         return list(range(stage * group, (stage + 1) * group))
 
-    def device_of_stage(self, stage):
-        """The device string ops of `stage` are placed on (its first replica and shard)."""
-        return self.cluster_spec.device_name(self.stage_devices(stage)[0])
+    def device_of_stage(self, stage, replica=0):
+        """The device string ops of `stage` are placed on for `replica` (its first shard)."""
+        if not 0 <= replica < self.replicas:
+            raise ValueError(f"replica {replica} out of range for {self.replicas} replicas")
+        return self.cluster_spec.device_name(
+            self.stage_devices(stage)[replica * self.tensor_parallel])
 
-    def apply(self, graph_def):
+    def apply(self, graph_def, replica=0):
         """A copy of `graph_def` with `NodeDef.device` set for every op the plan places.
 
-        Pipeline stages map to device groups; within a group, ops are placed on the group's
-        first device. Data-parallel replication and the rewriting of split ops into shards
-        plus collectives are not done here: such plans are placed, not yet partitioned.
+        Pipeline stages map to device groups; within a group, ops are placed on the device
+        of `replica`'s first shard. The rewriting of split ops into shards plus collectives
+        is not done here (`planner.parallelize` runs such plans under DTensor).
         """
         placed = type(graph_def)()
         placed.CopyFrom(graph_def)
         device = {}
         for s, ops in enumerate(self.stages):
-            name = self.device_of_stage(s)
+            name = self.device_of_stage(s, replica)
             for op in ops:
                 device[op] = name
         for node in placed.node:

@@ -7,6 +7,7 @@ import sys
 from absl.testing import absltest
 
 from tf_fusionstitch import planner
+from tf_fusionstitch.planner import cluster as cluster_lib
 
 
 class ClusterSpecTest(absltest.TestCase):
@@ -22,6 +23,18 @@ class ClusterSpecTest(absltest.TestCase):
         big = planner.get_cluster("4x8xH200")
         self.assertEqual((big.devices_per_node, big.nodes, big.num_devices), (8, 4, 32))
         self.assertEqual(planner.get_cluster("cpu-localhost").device_type, "CPU")
+
+    def test_logical_cpu_devices(self):
+        spec = planner.get_cluster("2xCPU")
+        self.assertEqual((spec.name, spec.device_type, spec.num_devices), ("2xCPU", "CPU", 2))
+        self.assertEqual(spec.flops, planner.get_cluster("cpu-localhost").flops)
+        self.assertEqual(spec.device_name(1), "/job:localhost/replica:0/task:0/device:CPU:1")
+        with self.assertRaisesRegex(ValueError, "only 'NxCPU'"):
+            planner.get_cluster("2x4xCPU")
+        # Worker processes (planner.local_cluster) are nodes named as TF's workers.
+        workers = cluster_lib.cpu_cluster(2, nodes=2, name="local-2x2xCPU")
+        self.assertEqual(workers.device_name(3), "/job:worker/replica:0/task:1/device:CPU:1")
+        self.assertGreater(workers.inter_bandwidth, 0)
 
     def test_links_inside_and_across_nodes(self):
         spec = planner.get_cluster("2x8xH200")

@@ -34,6 +34,19 @@ class PlanToolTest(tf.test.TestCase):
         self.assertEqual(plan.variable_splits["wq:0"], 1)
         self.assertEqual(plan.variable_splits["w2:0"], 0)
 
+    def test_execute_on_logical_cpus(self):
+        result = subprocess.run(
+            [sys.executable, "-m", "tf_fusionstitch.tools.plan", "--model=transformer_block",
+             "--batch=4", "--seq=8", "--hidden=16", "--heads=2", "--ffn=32",
+             "--cluster=4xCPU", "--strategy=data", "--execute", "--steps=2"],
+            capture_output=True, text=True, timeout=300)
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        self.assertIn("4 replicas", result.stdout)
+        self.assertRegex(result.stdout, r"predicted step time [0-9.]+ ms, measured [0-9.]+ ms "
+                                        r"\(mean of 2 steps on 4xCPU\)")
+        with self.assertRaisesRegex(ValueError, "cannot run on cluster '8xH200'"):
+            tool.run("mlp", cluster="8xH200", run_steps=2)
+
     def test_saved_model(self):
         class Mlp(tf.Module):
             def __init__(self):

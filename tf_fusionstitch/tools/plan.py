@@ -10,9 +10,18 @@ Reference models (--model=mlp, transformer_block, bert, bert_base, bert_large) a
 steps (forward, backward, Adam) built from sizes in graph mode, so no weights are allocated.
 Prints the plan and writes its JSON to --out. --coverage also lists the op types the planner
 has no axis rule for (it treats each of their inputs as needed whole), with counts.
+
+  python -m tf_fusionstitch.tools.plan --model=transformer_block --batch=8 --seq=32 \
+      --hidden=64 --heads=4 --ffn=256 --cluster=4xCPU --strategy=auto --execute --steps=10
+
+--execute builds the reference model with weights, plans its traced step and runs it under
+the plan with `planner.parallelize` on the cluster (`NxCPU`: logical CPU devices of this
+process), and prints the predicted and the measured step time (mean of --steps steps after
+one that traces and compiles).
 """
 
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -58,6 +67,9 @@ def _define_flags():
                         "(default __call__).")
     flags.DEFINE_bool("coverage", False, "Also report the op types that fell to the "
                       "conservative axis rule, with counts.")
+    flags.DEFINE_bool("execute", False, "Run the reference model's step under the plan on "
+                      "the cluster (NxCPU) and print the measured step time.")
+    flags.DEFINE_integer("steps", 5, "--execute: steps timed after the first.")
 
 
 def _load_graph(model, sizes, function=None):
@@ -87,10 +99,42 @@ def coverage_report(graph):
             f"needed whole): {listed}")
 
 
+def execute(model, spec, strategy, search, budget, seed, schedule, fusion, steps, sizes):
+    """Plans the reference `model`'s traced step and runs it under the plan on `spec`.
+    Returns (the IR graph, the plan, measured seconds per step)."""
+    from tf_fusionstitch import planner
+    from tf_fusionstitch.planner import graph_import, parallel, reference_models
+    parallel.run_cluster(spec)
+    planner.use_cpu_devices(spec.num_devices)   # before anything starts TensorFlow
+    if model not in reference_models.MODELS:
+        raise ValueError(f"--execute runs reference models only "
+                         f"({', '.join(reference_models.MODELS)})")
+    if steps < 1:
+        raise ValueError(f"--steps must be at least 1, got {steps}")
+    known = reference_models.DEFAULT_SIZES[model]
+    step, inputs, variables = reference_models.build_eager(
+        model, seed=seed, **{k: v for k, v in sizes.items() if k in known and v is not None})
+    parallel_step = planner.parallelize(step, inputs, cluster=spec, strategy=strategy,
+                                        method=search, budget=budget, seed=seed,
+                                        schedule=schedule, fusion=fusion,
+                                        variables=variables.values())
+    graph, _, _ = graph_import.from_function(step, inputs, variables=variables.values())
+    float(parallel_step(*inputs))   # traces, partitions and compiles
+    start = time.perf_counter()
+    for _ in range(steps):
+        loss = parallel_step(*inputs)
+    float(loss)
+    return graph, parallel_step.plan, (time.perf_counter() - start) / steps
+
+
 def run(model, cluster="8xH200", strategy="auto", search="greedy", budget=None, seed=0,
-        schedule="1f1b", out=None, function=None, coverage=False, fusion="none", **sizes):
+        schedule="1f1b", out=None, function=None, coverage=False, fusion="none",
+        run_steps=None, **sizes):
     """Plans `model` and returns (the printed report, the Plan); writes JSON to `out`.
-    With `coverage`, the report also lists the ops on the conservative axis rule.
+    With `coverage`, the report also lists the ops on the conservative axis rule. With
+    `run_steps`, the reference model runs under the plan (`execute`) and the report gives
+    the measured step time; TensorFlow must not have started yet (it needs the cluster's
+    logical CPU devices).
 
     Raises ValueError with the reason for bad arguments.
     """
@@ -99,9 +143,17 @@ def run(model, cluster="8xH200", strategy="auto", search="greedy", budget=None, 
     if unknown:
         raise ValueError(f"unknown size(s) {sorted(unknown)}; sizes are {', '.join(_SIZES)}")
     spec = planner.get_cluster(cluster)
-    graph = _load_graph(model, sizes, function)
-    plan = planner.search_graph(graph, spec, strategy, search, budget, seed, schedule, fusion)
+    if run_steps is not None:
+        graph, plan, measured = execute(model, spec, strategy, search, budget, seed, schedule,
+                                        fusion, run_steps, sizes)
+    else:
+        graph = _load_graph(model, sizes, function)
+        plan = planner.search_graph(graph, spec, strategy, search, budget, seed, schedule,
+                                    fusion)
     lines = [graph.summary(), str(plan)]
+    if run_steps is not None:
+        lines.append(f"predicted step time {plan.predicted_step_time * 1e3:.3f} ms, measured "
+                     f"{measured * 1e3:.3f} ms (mean of {run_steps} steps on {spec.name})")
     if coverage:
         lines.insert(1, coverage_report(graph))
     if out:
@@ -117,7 +169,8 @@ def main(argv):
     try:
         text, _ = run(FLAGS.model, FLAGS.cluster, FLAGS.strategy, FLAGS.search, FLAGS.budget,
                       FLAGS.seed, FLAGS.schedule, FLAGS.out, FLAGS.function,
-                      FLAGS.coverage, FLAGS.fusion, **{k: getattr(FLAGS, k) for k in _SIZES})
+                      FLAGS.coverage, FLAGS.fusion, FLAGS.steps if FLAGS.execute else None,
+                      **{k: getattr(FLAGS, k) for k in _SIZES})
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     print(text)

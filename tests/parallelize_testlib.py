@@ -1,0 +1,182 @@
+"""What the tests of `planner.parallelize` share: 4 logical CPU devices, two transformer
+blocks of different styles, and the check of a parallel step against one device.
+
+Logical devices must be configured before TensorFlow initialises its devices, so this is
+done when a test module imports this one (pytest imports every test module before running
+any, in each xdist worker too). If something initialised TF's devices earlier with fewer
+CPUs, the tests are skipped with the error `use_cpu_devices` gives.
+"""
+
+import math
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from tf_fusionstitch import planner  # noqa: E402
+
+DEVICES = 4
+try:
+    planner.use_cpu_devices(DEVICES)
+    SETUP_ERROR = None
+except ValueError as e:
+    SETUP_ERROR = str(e)
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from tensorflow.experimental import dtensor  # noqa: E402
+
+import tf_fusionstitch as fs  # noqa: E402
+from tf_fusionstitch.planner import reference_models  # noqa: E402
+
+STEPS = 3
+RTOL = 1e-4
+REFERENCE_SIZES = dict(batch=4, seq=8, hidden=16, heads=2, ffn=32, layers=1)
+
+
+def einsum_block(seed, batch=4, seq=8, hidden=16, heads=2, ffn=32, lr=0.05):
+    """A pre-LN attention + FFN block written another way: rank-3 activations, einsum with
+    per-head rank-3 weights, `x @ w` on rank 3, plain SGD by `assign_sub`. Returns (train
+    step, example inputs, {name: variable})."""
+    rng = np.random.default_rng(seed)
+    dh = hidden // heads
+
+    def var(name, shape):
+        return tf.Variable((rng.standard_normal(shape) / math.sqrt(shape[0])).astype(np.float32),
+                           name=name)
+
+    params = [var("q_proj", (hidden, heads, dh)), var("k_proj", (hidden, heads, dh)),
+              var("v_proj", (hidden, heads, dh)), var("out_proj", (heads, dh, hidden)),
+              var("up", (hidden, ffn)), var("down", (ffn, hidden)),
+              tf.Variable(np.ones(hidden, np.float32), name="norm_scale")]
+    q, k, v, o, up, down, scale = params
+
+    def norm(x):
+        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+        return (x - mean) * tf.math.rsqrt(variance + 1e-6) * scale
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            h = norm(x)
+            qh = tf.einsum("bsd,dhk->bhsk", h, q)
+            kh = tf.einsum("bsd,dhk->bhsk", h, k)
+            vh = tf.einsum("bsd,dhk->bhsk", h, v)
+            attn = tf.nn.softmax(tf.einsum("bhsk,bhtk->bhst", qh, kh) / math.sqrt(dh))
+            x = x + tf.einsum("bhsk,hkd->bsd", tf.einsum("bhst,bhtk->bhsk", attn, vh), o)
+            x = x + tf.nn.relu(norm(x) @ up) @ down
+            loss = tf.reduce_mean(tf.square(x - y))
+        for p, g in zip(params, tape.gradient(loss, params)):
+            p.assign_sub(lr * g)
+        return loss
+
+    inputs = [tf.constant(rng.standard_normal((batch, seq, hidden)).astype(np.float32))
+              for _ in range(2)]
+    return step, inputs, {p.name: p for p in params}
+
+
+def reference_block(seed):
+    return reference_models.build_eager("transformer_block", seed=seed, **REFERENCE_SIZES)
+
+
+MODELS = {"reference": reference_block, "einsum": einsum_block}
+
+
+# The reference block's attention key bias adds q . bk to every score of a query's row, which
+# softmax ignores: its gradient is zero in exact arithmetic, and Adam turns the rounding noise
+# into steps (about lr * noise / epsilon) that differ between any two layouts. It and its
+# slots are compared against the largest value of their kind instead of against themselves.
+ZERO_GRADIENT = ("bk:0", "bk/m:0", "bk/v:0")
+
+
+def kind(name):
+    """Weights, or Adam's first or second moments (many orders of magnitude smaller)."""
+    base = name.split(":")[0]
+    return base[-1] if base.endswith(("/m", "/v")) else "weights"
+
+
+def relative_differences(got, want):
+    """{variable: max |got - want| / max |want|}; for `ZERO_GRADIENT`'s variables the
+    denominator is the largest |want| of their kind."""
+    scale = {}
+    for name, value in want.items():
+        scale[kind(name)] = max(scale.get(kind(name), 0.0), float(np.max(np.abs(value))))
+    return {name: float(np.max(np.abs(got[name] - value))) / (
+        scale[kind(name)] if name in ZERO_GRADIENT else float(np.max(np.abs(value))))
+        for name, value in want.items()}
+
+
+class ParallelStepCase(tf.test.TestCase):
+    """Checks of a parallel step against one device (no tests of its own)."""
+
+    def setUp(self):
+        super().setUp()
+        if SETUP_ERROR is not None:
+            self.skipTest(SETUP_ERROR)
+
+    def check_strategy(self, model, strategy, plan=None, fuse=False, cluster="4xCPU"):
+        """Three steps of the model under the plan (or the strategy's) on `cluster` against
+        one device; with `fuse`, the parallel step runs what tf_fusionstitch.optimize makes
+        of it."""
+        build = MODELS[model]
+        step, inputs, variables = build(seed=1)
+        # The parallel step copies the initial weights, so it is built before the reference
+        # steps change them.
+        parallel = planner.parallelize(fs.optimize(step) if fuse else step, inputs,
+                                       cluster=cluster, strategy=strategy, plan=plan,
+                                       variables=variables.values())
+        searched, plan = plan is None, parallel.plan
+        if searched:
+            mesh = (plan.replicas, plan.tensor_parallel, plan.num_stages)
+            n = plan.cluster_spec.num_devices
+            want = {"data": (n, 1, 1), "operator": (1, n, 1),
+                    "pipeline": (1, 1, n)}.get(strategy)
+            if want is not None:
+                self.assertEqual(mesh, want, str(plan))
+        if plan.tensor_parallel > 1:
+            self.check_shards(parallel, variables)
+        initial = {n: v.numpy() for n, v in variables.items()}
+        want_losses = [float(step(*inputs)) for _ in range(STEPS)]
+        want = {n: v.numpy() for n, v in variables.items()}
+        got_losses = [float(parallel(*inputs)) for _ in range(STEPS)]
+        np.testing.assert_allclose(got_losses, want_losses, rtol=RTOL)
+        # The originals still hold the reference's values until synced.
+        for name, var in variables.items():
+            var.assign(initial[name])
+        parallel.sync_variables()
+        got = {n: v.numpy() for n, v in variables.items()}
+        differences = relative_differences(got, want)
+        worst = max(differences, key=differences.get)
+        print(f"{model} {strategy} (d={plan.replicas}, t={plan.tensor_parallel}, "
+              f"p={plan.num_stages}, m={plan.micro_batches}): losses {got_losses}, largest "
+              f"relative difference {differences[worst]:.2e} ({worst})")
+        for name, difference in differences.items():
+            self.assertLess(difference, RTOL, f"{name} of {model} under {plan}")
+        moved = max(float(np.max(np.abs(want[n] - initial[n]))) for n in want)
+        self.assertGreater(moved, 100 * RTOL, "the steps changed no variable")
+        return parallel
+
+    def check_shards(self, parallel, variables):
+        """Each device holds 1/t of every variable the plan splits, along the plan's axis."""
+        plan = parallel.plan
+        split = {n: a for n, a in plan.variable_splits.items() if a is not None}
+        self.assertNotEmpty(split)
+        for name, axis in split.items():
+            var = variables[name]
+            shards = dtensor.unpack(parallel.copies[id(var)].read_value())
+            self.assertLen(shards, DEVICES)
+            want = var.shape.as_list()
+            want[axis] //= plan.tensor_parallel
+            for shard in shards:
+                self.assertEqual(shard.shape.as_list(), want, name)
+
+    def ops_run(self, parallel, model):
+        """The ops of the pipeline step's tf.function, after checking they use every device."""
+        _, inputs, _ = MODELS[model](seed=1)
+        ops = parallel.run.get_concrete_function(*inputs).graph.get_operations()
+        devices = set()
+        for op in ops:
+            if op.device:
+                spec = tf.DeviceSpec.from_string(op.device)
+                devices.add((spec.job, spec.task, spec.device_index))
+        self.assertLen(devices, parallel.plan.cluster_spec.num_devices, sorted(devices))
+        return ops

@@ -1,0 +1,61 @@
+"""`planner.local_cluster(workers=2)`: data and pipeline plans run on two TensorFlow worker
+processes over localhost gRPC with the single-device losses and variables.
+
+Joining a cluster changes a process's TensorFlow context for good, so the checks run in a
+fresh Python process (this file run as a program); its workers stop when it closes the
+cluster, and by themselves if it dies.
+"""
+
+import os
+import subprocess
+import sys
+
+import parallelize_testlib as lib  # configures the logical devices first
+from parallelize_testlib import einsum_block
+
+import tensorflow as tf
+
+from tf_fusionstitch import planner
+
+_DONE = "local cluster checks passed"
+
+
+def check_on_two_workers():
+    with planner.local_cluster(workers=2, devices_per_worker=1) as cluster:
+        case = lib.ParallelStepCase()
+        for strategy in ("data", "pipeline"):
+            parallel = case.check_strategy("einsum", strategy, cluster=cluster)
+            tasks = {tf.DeviceSpec.from_string(op.device).task
+                     for op in case.ops_run(parallel, "einsum") if op.device}
+            case.assertEqual(tasks, {0, 1})
+        step, inputs, variables = einsum_block(seed=2)
+        with case.assertRaisesRegex(ValueError, "tensor parallel plans run under DTensor"):
+            planner.parallelize(step, inputs, cluster=cluster, strategy="operator",
+                                variables=variables.values())
+    workers = cluster.processes
+    case.assertTrue(all(p.poll() is not None for p in workers), "a worker outlived close()")
+    print(_DONE)
+
+
+class LocalClusterTest(tf.test.TestCase):
+
+    def test_data_and_pipeline_plans_on_two_workers(self):
+        here = os.path.dirname(os.path.abspath(__file__))
+        tests = os.path.dirname(here)   # where parallelize_testlib is
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [tests] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        result = subprocess.run([sys.executable, os.path.abspath(__file__)],
+                                capture_output=True, text=True, timeout=300, env=env)
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        self.assertIn(_DONE, result.stdout)
+        print(result.stdout)
+
+    def test_bad_sizes(self):
+        with self.assertRaisesRegex(ValueError, "at least 2 workers"):
+            planner.local_cluster(workers=1)
+        with self.assertRaisesRegex(ValueError, "devices_per_worker must be a positive"):
+            planner.local_cluster(workers=2, devices_per_worker=0)
+
+
+if __name__ == "__main__":
+    check_on_two_workers()

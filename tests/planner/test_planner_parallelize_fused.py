@@ -1,0 +1,32 @@
+"""A step fused by `tf_fusionstitch.optimize` runs under a pipeline plan on 4 logical CPUs
+with the unfused single-device results; under DTensor it is refused (DTensor has no layout
+propagation for FusionStitch ops). Its own file: compiling the kernels takes a while.
+"""
+
+import parallelize_testlib as lib  # configures the logical devices first
+from parallelize_testlib import einsum_block
+
+import tensorflow as tf
+
+import tf_fusionstitch as fs
+from tf_fusionstitch import planner
+
+
+class FusedParallelizeTest(lib.ParallelStepCase):
+
+    def test_fused_pipeline_step(self):
+        parallel = self.check_strategy("einsum", "pipeline", fuse=True)
+        ops = self.ops_run(parallel, "einsum")
+        fused = [op.device for op in ops if op.type == "FusionStitch"]
+        self.assertNotEmpty(fused)
+        self.assertTrue(all(fused), "a FusionStitch op without a stage device")
+
+    def test_fused_step_under_dtensor_is_refused(self):
+        step, inputs, variables = einsum_block(seed=2)
+        with self.assertRaisesRegex(ValueError, "FusionStitch ops.*strategy='pipeline'"):
+            planner.parallelize(fs.optimize(step), inputs, cluster="4xCPU", strategy="data",
+                                variables=variables.values())
+
+
+if __name__ == "__main__":
+    tf.test.main()
