@@ -21,13 +21,10 @@ import pytest
 import setuptools
 import repo_paths
 import tf_fusionstitch
-from tf_fusionstitch.tensorflow_requirement import PIP_RANGE
+from tf_fusionstitch.tensorflow_requirement import DISTRIBUTIONS, PIP_RANGE
 
 REPO = str(repo_paths.REPO)
 TOP_LEVEL = ("rewriters", "custom_ops", "planner")
-# Distributions of the `tensorflow` module; the package may name one only in an extra.
-TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel",
-                            "tensorflow-macos", "tf-nightly", "tf-nightly-cpu")
 OP_SOURCE = "custom_ops/fusion_stitch_op.cc"
 
 
@@ -157,7 +154,7 @@ class DistributionTest(absltest.TestCase):
         tensorflows = {}
         for line in self.metadata.get_all("Requires-Dist"):
             requirement = Requirement(line)
-            if requirement.name.lower() in TENSORFLOW_DISTRIBUTIONS:
+            if requirement.name.lower() in DISTRIBUTIONS:  # only in an extra
                 self.assertIn("extra ==", str(requirement.marker),
                               f"{line}: a TensorFlow distribution outside the extras")
                 self.assertEqual(str(requirement.specifier), str(Requirement(
@@ -179,8 +176,7 @@ class EnvironmentTest(absltest.TestCase):
         from importlib import metadata
         names = {(d.metadata["Name"] or "").lower().replace("_", "-")
                  for d in metadata.distributions()}
-        tensorflows = sorted(n for n in names if n in (
-            "tensorflow", "tensorflow-cpu", "tensorflow-intel", "tf-nightly", "tensorflow-gpu"))
+        tensorflows = sorted(n for n in names if n in DISTRIBUTIONS)
         self.assertLen(tensorflows, 1, f"TensorFlow distributions installed: {tensorflows}")
         self.assertNotIn("tensorflow-text", names)
         self.assertIn("keras-hub", names)

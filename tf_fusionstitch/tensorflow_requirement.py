@@ -21,6 +21,10 @@ BELOW = (2, 22)
 PIP_RANGE = f">={MINIMUM[0]}.{MINIMUM[1]},<{BELOW[0]}.{BELOW[1]}"
 
 MODULE = "tensorflow"
+# The distributions of that module on PyPI (the check itself finds any by its files; tests and
+# scripts use this list to look for a second one in `pip list`).
+DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel",
+                 "tensorflow-macos", "tf-nightly", "tf-nightly-cpu")
 
 
 def _canonical(name: str) -> str:
