@@ -1,23 +1,10 @@
-"""The C++ rules that Bazel 4's own tools load from @rules_cc//cc:defs.bzl, as the native rules
-they wrap (what rules_cc's first releases were). WORKSPACE says why this stands in."""
+"""The C++ rules that Bazel 4's own tools load from @rules_cc//cc:defs.bzl: the native rules
+(what rules_cc's first releases wrapped). WORKSPACE says why this stands in."""
 
-def cc_binary(**attrs):
-    native.cc_binary(**attrs)
-
-def cc_library(**attrs):
-    native.cc_library(**attrs)
-
-def cc_test(**attrs):
-    native.cc_test(**attrs)
-
-def cc_proto_library(**attrs):
-    native.cc_proto_library(**attrs)
-
-def cc_toolchain(**attrs):
-    native.cc_toolchain(**attrs)
-
-def cc_toolchain_suite(**attrs):
-    native.cc_toolchain_suite(**attrs)
-
-def objc_library(**attrs):
-    native.objc_library(**attrs)
+cc_binary = native.cc_binary
+cc_library = native.cc_library
+cc_test = native.cc_test
+cc_proto_library = native.cc_proto_library
+cc_toolchain = native.cc_toolchain
+cc_toolchain_suite = native.cc_toolchain_suite
+objc_library = native.objc_library
