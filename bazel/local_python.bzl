@@ -82,4 +82,5 @@ local_python = repository_rule(
     implementation = _local_python_impl,
     environ = ["PYTHON_BIN_PATH"],
     local = True,
+    configure = True,
 )
