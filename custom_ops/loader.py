@@ -16,6 +16,11 @@ import tempfile
 import threading
 from types import ModuleType
 
+from tf_fusionstitch import tensorflow_requirement
+
+# Before TensorFlow loads: an unsupported or missing one fails here, saying what to install.
+tensorflow_requirement.check()
+
 import tensorflow as tf
 
 from tf_fusionstitch.runtime import cache, cpu_compiler

@@ -3,20 +3,29 @@
 No TensorFlow is needed here (this file checks layout), so it uses absltest directly.
 """
 
+import email.parser
 import os
+import pathlib
 import runpy
+import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
+import zipfile
 from unittest import mock
 
 from absl.testing import absltest
+from packaging.requirements import Requirement
 import pytest
 import setuptools
 import repo_paths
+import tf_fusionstitch
+from tf_fusionstitch.tensorflow_requirement import DISTRIBUTIONS, PIP_RANGE
 
 REPO = str(repo_paths.REPO)
 TOP_LEVEL = ("rewriters", "custom_ops", "planner")
+OP_SOURCE = "custom_ops/fusion_stitch_op.cc"
 
 
 def _setup_kwargs():
@@ -86,6 +95,79 @@ class PackagingTest(absltest.TestCase):
         self.assertEqual(result.stdout.strip(), "[]")
 
 
+def _build(command, cwd):
+    result = subprocess.run([sys.executable, *command], cwd=cwd, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+class DistributionTest(absltest.TestCase):
+    """The sdist, built from a copy of the source tree, and the wheel built from that sdist
+    (as pip does from PyPI): what they carry and what the wheel requires."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls._tmp = tempfile.TemporaryDirectory(prefix="tf_fusionstitch-dist-")
+        tmp = pathlib.Path(cls._tmp.name)
+        # A copy, so that the build leaves nothing in the repository (and finds no stale build/).
+        source = tmp / "source"
+        folders = set(_setup_kwargs()["package_dir"].values())
+        for folder in {f.split("/")[0] for f in folders}:
+            shutil.copytree(os.path.join(REPO, folder), source / folder,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+        for name in os.listdir(REPO):
+            if os.path.isfile(os.path.join(REPO, name)):
+                shutil.copy(os.path.join(REPO, name), source / name)
+        _build(["setup.py", "-q", "sdist", "-d", str(tmp / "sdist")], cwd=source)
+        (sdist,) = (tmp / "sdist").glob("*.tar.gz")
+        with tarfile.open(sdist) as archive:
+            cls.sdist_names = [name.split("/", 1)[-1] for name in archive.getnames()]
+            archive.extractall(tmp / "unpacked", **(
+                {"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        (unpacked,) = (tmp / "unpacked").iterdir()
+        _build(["-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                "-w", str(tmp / "wheel"), str(unpacked)], cwd=tmp)
+        (wheel,) = (tmp / "wheel").glob("*.whl")
+        with zipfile.ZipFile(wheel) as archive:
+            cls.wheel_names = archive.namelist()
+            (metadata,) = [n for n in cls.wheel_names if n.endswith(".dist-info/METADATA")]
+            cls.metadata = email.parser.Parser().parsestr(archive.read(metadata).decode())
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tmp.cleanup()
+        super().tearDownClass()
+
+    def test_the_sdist_carries_the_op_source(self):
+        self.assertIn(OP_SOURCE, self.sdist_names)
+        self.assertIn("requirements.txt", self.sdist_names)
+
+    def test_the_wheel_carries_the_op_source_under_the_import_root(self):
+        self.assertIn("tf_fusionstitch/" + OP_SOURCE, self.wheel_names)
+        self.assertIn("tf_fusionstitch/tensorflow_requirement.py", self.wheel_names)
+
+    def test_the_version_is_the_package_s(self):
+        self.assertEqual(self.metadata["Version"], tf_fusionstitch.__version__)
+
+    def test_tensorflow_is_required_only_in_extras(self):
+        tensorflows = {}
+        for line in self.metadata.get_all("Requires-Dist"):
+            requirement = Requirement(line)
+            if requirement.name.lower() in DISTRIBUTIONS:  # only in an extra
+                self.assertIn("extra ==", str(requirement.marker),
+                              f"{line}: a TensorFlow distribution outside the extras")
+                self.assertEqual(str(requirement.specifier), str(Requirement(
+                    "tensorflow" + PIP_RANGE).specifier), line)
+                extra = str(requirement.marker).rpartition("extra == ")[2].strip('"')
+                tensorflows.setdefault(extra, set()).add(
+                    requirement.name.lower() + "".join(f"[{e}]" for e in requirement.extras))
+        self.assertEqual(tensorflows, {"cpu": {"tensorflow-cpu", "tensorflow"},
+                                       "gpu": {"tensorflow[and-cuda]"},
+                                       "and-cuda": {"tensorflow[and-cuda]"}})
+        self.assertIn("cuda", self.metadata.get_all("Provides-Extra"))
+
+
 @pytest.mark.tf   # the environment with TensorFlow (the TF-free one has none)
 class EnvironmentTest(absltest.TestCase):
     """What `make` installs: one TensorFlow distribution, keras-hub beside it."""
@@ -94,8 +176,7 @@ class EnvironmentTest(absltest.TestCase):
         from importlib import metadata
         names = {(d.metadata["Name"] or "").lower().replace("_", "-")
                  for d in metadata.distributions()}
-        tensorflows = sorted(n for n in names if n in (
-            "tensorflow", "tensorflow-cpu", "tensorflow-intel", "tf-nightly", "tensorflow-gpu"))
+        tensorflows = sorted(n for n in names if n in DISTRIBUTIONS)
         self.assertLen(tensorflows, 1, f"TensorFlow distributions installed: {tensorflows}")
         self.assertNotIn("tensorflow-text", names)
         self.assertIn("keras-hub", names)

@@ -23,6 +23,11 @@ import time
 import warnings
 from typing import List, Optional
 
+from tf_fusionstitch import tensorflow_requirement
+
+# Before TensorFlow loads: an unsupported or missing one fails here, saying what to install.
+tensorflow_requirement.check()
+
 import tensorflow as tf
 
 from tf_fusionstitch import background, measured_choice, trace_rewrite

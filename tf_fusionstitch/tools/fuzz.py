@@ -40,7 +40,8 @@ flags.DEFINE_float("shrink_seconds", 90.0, "Time allowed to shrink one mismatch;
 flags.DEFINE_float("time_limit", 0.0, "Stop generating new graphs after this many seconds "
                    "(0: no limit).")
 flags.DEFINE_string("regressions_dir", None, "Where minimal failing cases are written "
-                    "(default: tests/fuzz_regressions of the source tree).")
+                    "(default: tests/fuzz_regressions of the source tree; fuzz_regressions/ "
+                    "of the working directory where the package is installed).")
 flags.DEFINE_bool("save", True, "Write minimal failing cases as JSON files.")
 flags.DEFINE_string("cache_dir", None, "Kernel cache directory (default: "
                     "$TF_FUSIONSTITCH_CACHE_DIR, else a fresh temporary directory: random "

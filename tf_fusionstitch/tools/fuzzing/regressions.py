@@ -1,5 +1,5 @@
 """Regression files: minimal failing cases written under tests/fuzz_regressions/
-(replayed by tests/test_fuzz.py), read back and replayed.
+(replayed by tests/tools/test_fuzz.py), read back and replayed.
 """
 
 from __future__ import annotations
@@ -13,7 +13,11 @@ from typing import List, Tuple
 from tf_fusionstitch.tools.fuzzing.runner import CaseResult, run_cases
 
 
-REGRESSIONS_DIR = pathlib.Path(__file__).resolve().parents[3] / "tests" / "fuzz_regressions"
+# The source tree's tests/fuzz_regressions; an installed package has no source tree
+# around it, so there the working directory's fuzz_regressions/.
+_SOURCE_TREE_DIR = pathlib.Path(__file__).resolve().parents[3] / "tests" / "fuzz_regressions"
+REGRESSIONS_DIR = (_SOURCE_TREE_DIR if _SOURCE_TREE_DIR.parent.is_dir()
+                   else pathlib.Path("fuzz_regressions"))
 
 
 def case_key(case) -> str:
