@@ -54,8 +54,8 @@ LEARNING_RATE = 1e-3   # small: hundreds of steps must not blow the weights up
 
 @dataclasses.dataclass(frozen=True)
 class PlanChoice:
-    """One plan of the set: a mesh, the units split (named by the variable axis that
-    identifies them), micro-batches and schedule."""
+    """One plan of the set: a mesh, the units split (each by a variable axis it holds),
+    micro-batches and schedule."""
     replicas: int
     tensor_parallel: int
     stages: int
@@ -63,19 +63,24 @@ class PlanChoice:
     split: tuple = ()          # (variable prefix, axis) of each unit split
     schedule: str = "1f1b"
 
-    @property
-    def label(self):
-        text = f"{self.replicas}x{self.tensor_parallel}x{self.stages}"
-        if self.split:
-            text += " split " + "+".join(UNIT_NAMES[s] for s in self.split)
-        if self.stages > 1:
-            text += f" m={self.micro_batches} {self.schedule}"
-        return text
-
 
 HEADS, FFN, HIDDEN = ("q_proj", 1), ("up", 1), ("q_proj", 0)
 UNIT_NAMES = {HEADS: "heads", FFN: "ffn", HIDDEN: "hidden"}
 MEGATRON = (HEADS, FFN)
+
+
+def plan_label(plan):
+    """d x t x p, the units split (by name) and, for pipelines, micro-batches, schedule and
+    cuts (pipeline-unit boundaries): unique within the set, as the timings are keyed by it."""
+    text = f"{plan.replicas}x{plan.tensor_parallel}x{plan.num_stages}"
+    split = [name for (prefix, axis), name in UNIT_NAMES.items()
+             if any(v.startswith(prefix) and a == axis for v, a in plan.variable_splits.items())]
+    if split:
+        text += " split " + "+".join(split)
+    if plan.num_stages > 1:
+        text += f" m={plan.micro_batches} {plan.schedule} cuts {','.join(map(str, plan.cuts))}"
+    return text
+
 CHOICES = [
     PlanChoice(4, 1, 1),
     PlanChoice(1, 4, 1, split=MEGATRON),
@@ -87,6 +92,7 @@ CHOICES = [
     PlanChoice(1, 1, 4, 4, schedule="gpipe"),
     PlanChoice(1, 1, 4, 4),
     PlanChoice(1, 1, 4, 8),
+    PlanChoice(2, 1, 2, 1),
     PlanChoice(2, 1, 2, 2),
     PlanChoice(2, 1, 2, 4, schedule="gpipe"),
 ]
@@ -155,7 +161,7 @@ def main(argv):
     for choice in CHOICES:
         env = planner.PlanEnv(graph, spec, "auto", schedule=choice.schedule)
         plans.append(search_common.make_plan(env, config_of(env, choice), "fixed"))
-        labels.append(choice.label)
+        labels.append(plan_label(plans[-1]))
     pick = next((i for i, p in enumerate(plans) if same_plan(p, picked)), None)
     pick_note = ""
     if pick is None:
@@ -164,10 +170,10 @@ def main(argv):
                          "parallelize does not run: not measured")
         else:
             plans.append(picked)
-            labels.append(f"search pick ({picked.replicas}x{picked.tensor_parallel}x"
-                          f"{picked.num_stages} m={picked.micro_batches})")
+            labels.append(plan_label(picked))
             pick = len(plans) - 1
 
+    assert len(set(labels)) == len(labels), labels
     steps = {}
     for label, plan in zip(labels, plans):
         # Every plan starts from the same weights: it copies them when built.

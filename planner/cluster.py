@@ -39,6 +39,10 @@ class ClusterSpec:
     ring collective sees them. `op_overhead` is the fixed cost of launching one op.
     `compute_units` (streaming multiprocessors of a GPU; 0 for none) is how many output tiles
     of a matrix product run at once: the cost model prices products in whole waves of tiles.
+    `shared_cores`: the devices are logical devices of one machine that share its cores (a
+    process's logical CPUs, localhost workers): one device alone computes at `flops` and
+    `memory_bandwidth`, all of them together no faster, so a step takes at least all
+    devices' work end to end.
     """
     name: str
     devices_per_node: int
@@ -53,6 +57,7 @@ class ClusterSpec:
     device_type: str = "GPU"
     op_overhead: float = 0.0
     compute_units: int = 0
+    shared_cores: bool = False
 
     def __post_init__(self):
         for field in ("devices_per_node", "nodes"):
@@ -78,6 +83,9 @@ class ClusterSpec:
             if not _is_number(value) or value < 0 or math.isinf(value):
                 raise ValueError(f"cluster spec field {field!r} must be a finite number >= 0, "
                                  f"got {value!r}")
+        if not isinstance(self.shared_cores, bool):
+            raise ValueError("cluster spec field 'shared_cores' must be true or false, got "
+                             f"{self.shared_cores!r}")
         if self.device_type not in ("GPU", "CPU"):
             raise ValueError(f"cluster spec field 'device_type' must be 'GPU' or 'CPU', got "
                              f"{self.device_type!r}")
@@ -137,7 +145,7 @@ def cpu_cluster(devices=4, name="cpu-localhost", nodes=1):
                        memory=8e9, memory_bandwidth=10e9, intra_bandwidth=5e9,
                        intra_latency=2e-6, inter_bandwidth=1e9 if nodes > 1 else 0.0,
                        inter_latency=50e-6 if nodes > 1 else 0.0,
-                       device_type="CPU", op_overhead=5e-6)
+                       device_type="CPU", op_overhead=5e-6, shared_cores=True)
 
 
 PRESETS = ("8xV100", "8xA100", "8xH200", "2x8xH200", "4x8xH200", "cpu-localhost")
@@ -193,7 +201,8 @@ def get_cluster(spec):
             if overrides and "name" not in overrides:
                 base["name"] = f"{spec['base']}(custom)"
             return ClusterSpec(**base)
-        missing = _FIELDS - set(spec) - {"device_type", "op_overhead", "compute_units"}
+        missing = _FIELDS - set(spec) - {"device_type", "op_overhead", "compute_units",
+                                         "shared_cores"}
         if missing:
             raise ValueError(f"cluster spec is missing field(s) {sorted(missing)} (or give "
                              f"'base': a preset to override)")

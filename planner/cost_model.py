@@ -539,6 +539,11 @@ class CostModel:
                                     in_flight_micro_batches(s, p, m, config.schedule)
                                     if self.training else 1) for s in range(p)]
         step = pipeline_time(compute, m) + max(update) + max(dp)
+        if c.shared_cores:
+            # Devices sharing one machine's cores compute no faster together than one alone:
+            # the step takes at least every device's work (d x t devices per stage) in turn.
+            busy = d * t * (m * sum(compute) + sum(update))
+            step = max(step, busy + max(dp))
         peak = max(memory)
         feasible = peak <= c.memory
         reason = "" if feasible else (

@@ -94,6 +94,25 @@ class TracedStepTest(tf.test.TestCase):
         self.assertAllClose(est.step_time, (4 + 2 - 1) * max(est.stage_times)
                             + max(est.update_times) + max(est.dp_times))
 
+    def test_devices_sharing_cores_take_all_their_work_end_to_end(self):
+        # 2xCPU: two logical devices of one process on the same cores. Measured on 4xCPU
+        # (benchmarks/plan_execution.py), data parallelism ran slower than the one-device
+        # work it splits and a one-micro-batch pipeline as fast as one device: together the
+        # devices compute no faster than one alone.
+        shared = planner.get_cluster("2xCPU")
+        own = planner.get_cluster({"base": "2xCPU", "shared_cores": False})
+        self.assertTrue(shared.shared_cores)
+        config = cm.Config(replicas=2)
+        alone = cm.CostModel(self.graph, own).evaluate(config)
+        est = cm.CostModel(self.graph, shared).evaluate(config)
+        self.assertAllClose(est.step_time, 2 * (est.stage_times[0] + est.update_times[0])
+                            + est.dp_times[0])
+        self.assertGreater(est.step_time, alone.step_time)
+        # A pipeline of one micro-batch runs its stages in turn: no bound added.
+        piped = cm.Config(stages=2, micro_batches=1, cuts=(1,))
+        self.assertAllClose(cm.CostModel(self.graph, shared).evaluate(piped).step_time,
+                            cm.CostModel(self.graph, own).evaluate(piped).step_time)
+
     def test_invalid_configs_are_refused(self):
         model = cm.CostModel(self.graph, planner.get_cluster("2xV100"))
         with self.assertRaisesRegex(ValueError, "devices"):
