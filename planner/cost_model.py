@@ -489,6 +489,7 @@ class CostModel:
         for op in graph.ops.values():
             x = self.op_time(op, k, tp, fused)
             (update if op.phase == ir.UPDATE else compute)[stage[op.name]] += x
+        op_work = m * sum(compute) + sum(update)   # one device per stage, before any transfer
         collectives = []
         for col in tp.collectives:
             scaled = col.nbytes / (k if self.has_batch[col.tensor] else 1)
@@ -540,10 +541,12 @@ class CostModel:
                                     if self.training else 1) for s in range(p)]
         step = pipeline_time(compute, m) + max(update) + max(dp)
         if c.shared_cores:
-            # Devices sharing one machine's cores compute no faster together than one alone:
-            # the step takes at least every device's work (d x t devices per stage) in turn.
-            busy = d * t * (m * sum(compute) + sum(update))
-            step = max(step, busy + max(dp))
+            # Devices sharing one machine's cores compute no faster together than one alone,
+            # and an idle one's cores work for the others (no pipeline bubble): the step
+            # takes every device's op work (d x t devices per stage) end to end, and each
+            # transfer once.
+            transfers = m * sum(compute) + sum(update) - op_work
+            step = d * t * op_work + transfers + max(dp)
         peak = max(memory)
         feasible = peak <= c.memory
         reason = "" if feasible else (
