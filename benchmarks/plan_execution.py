@@ -45,6 +45,8 @@ flags.DEFINE_integer("warmup", 2, "Untimed rounds first (the first step of each 
 flags.DEFINE_enum("search", "dp", ["dp", "exhaustive", "greedy"],
                   "Search whose pick is ranked among the measured plans.")
 flags.DEFINE_string("out", os.path.join(_HERE, "RESULTS.md"), "Markdown to update; '' for none.")
+flags.DEFINE_bool("measured_spec", True, "Also price every plan with this machine's measured "
+                  "figures (planner/cpu_calibration.py; measured once, then cached).")
 flags.DEFINE_bool("small", False, "Tiny model, for a smoke test of the script.")
 
 SIZES = dict(batch=16, seq=64, hidden=128, heads=4, ffn=512)
@@ -139,49 +141,76 @@ def spearman(x, y):
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
+def config_of_plan(env, plan):
+    """The cost-model config of a `Plan` (its split units found again by label)."""
+    from tf_fusionstitch.planner import cost_model
+    labels = [unit.label for unit in env.link.units]
+    return cost_model.Config(
+        replicas=plan.replicas, tensor_parallel=plan.tensor_parallel, stages=plan.num_stages,
+        micro_batches=plan.micro_batches,
+        split_units=frozenset(labels.index(u) for u in plan.split_units),
+        cuts=tuple(plan.cuts), schedule=plan.schedule)
+
+
+def spec_line(spec):
+    return (f"{spec.name}: flops {spec.flops:.3g}/s, memory bandwidth "
+            f"{spec.memory_bandwidth:.3g} B/s, link {spec.intra_bandwidth:.3g} B/s + "
+            f"{spec.intra_latency * 1e6:.1f} us, op overhead {spec.op_overhead * 1e6:.2f} us")
+
+
 def main(argv):
     del argv
     from tf_fusionstitch import planner
     from tf_fusionstitch.planner import parallel
-    spec = planner.get_cluster(FLAGS.cluster)
-    parallel.run_cluster(spec)
-    planner.use_cpu_devices(spec.num_devices)   # before anything starts TensorFlow
+    assumed = planner.get_cluster(FLAGS.cluster)
+    parallel.run_cluster(assumed)
+    planner.use_cpu_devices(assumed.num_devices)   # before anything starts TensorFlow
 
     import run_context  # imports TensorFlow
-    from tf_fusionstitch.planner import graph_import, reference_models, search_common
+    from tf_fusionstitch.planner import (cost_model, cpu_calibration, graph_import,
+                                         reference_models, search_common)
 
     load = os.getloadavg()[0]
+    specs = {"assumed": assumed}
+    if FLAGS.measured_spec:
+        specs["measured"] = cpu_calibration.measured_cluster(assumed.num_devices)
     sizes = SMALL_SIZES if FLAGS.small else SIZES
     step, inputs, variables = reference_models.einsum_block(seed=0, lr=LEARNING_RATE, **sizes)
     graph, _, _ = graph_import.from_function(step, inputs, variables=variables.values())
-    picked = planner.search_graph(graph, spec, "auto", FLAGS.search)
-    print(picked, flush=True)
 
-    plans, labels = [], []
+    plans = []
     for choice in CHOICES:
-        env = planner.PlanEnv(graph, spec, "auto", schedule=choice.schedule)
+        env = planner.PlanEnv(graph, assumed, "auto", schedule=choice.schedule)
         plans.append(search_common.make_plan(env, config_of(env, choice), "fixed"))
-        labels.append(plan_label(plans[-1]))
-    pick = next((i for i, p in enumerate(plans) if same_plan(p, picked)), None)
-    pick_note = ""
-    if pick is None:
-        if picked.num_stages > 1 and picked.tensor_parallel > 1:
-            pick_note = ("the search's pick pipelines tensor-parallel stages, which "
-                         "parallelize does not run: not measured")
-        else:
+    picks, pick_notes = {}, []
+    for name, spec in specs.items():
+        picked = planner.search_graph(graph, spec, "auto", FLAGS.search)
+        print(f"{name} spec's pick:", picked, flush=True)
+        pick = next((i for i, p in enumerate(plans) if same_plan(p, picked)), None)
+        if pick is None and picked.num_stages > 1 and picked.tensor_parallel > 1:
+            pick_notes.append(f"the {name} spec's pick ({plan_label(picked)}) pipelines "
+                              "tensor-parallel stages, which parallelize does not run: not "
+                              "measured.")
+            continue
+        if pick is None:
             plans.append(picked)
-            labels.append(plan_label(picked))
             pick = len(plans) - 1
-
+        picks[name] = pick
+    labels = [plan_label(p) for p in plans]
     assert len(set(labels)) == len(labels), labels
+    env = planner.PlanEnv(graph, assumed, "auto")
+    configs = [config_of_plan(env, p) for p in plans]
+    predicted = {name: [cost_model.CostModel(graph, spec).evaluate(c).step_time
+                        for c in configs] for name, spec in specs.items()}
+
     steps = {}
     for label, plan in zip(labels, plans):
         # Every plan starts from the same weights: it copies them when built.
-        parallel_step = planner.parallelize(step, inputs, cluster=spec, plan=plan,
+        parallel_step = planner.parallelize(step, inputs, cluster=assumed, plan=plan,
                                             variables=variables.values())
         float(parallel_step(*inputs))   # traces, partitions and compiles
         steps[label] = parallel_step
-        print(f"built {label}: predicted {plan.predicted_step_time * 1e3:.3f} ms", flush=True)
+        print(f"built {label}", flush=True)
 
     def timed(parallel_step):
         return lambda *args: float(parallel_step(*args))
@@ -190,39 +219,45 @@ def main(argv):
         wall, _ = rounds_lib.time_rounds({k: timed(s) for k, s in steps.items()}, inputs,
                                          FLAGS.rounds, FLAGS.warmup)
     measured = [statistics.median(wall[label]) for label in labels]
-    predicted = [p.predicted_step_time for p in plans]
-    rho = spearman(predicted, measured)
     by_measured = sorted(range(len(plans)), key=lambda i: measured[i])
     rank_of = {i: r + 1 for r, i in enumerate(by_measured)}
     fastest = measured[by_measured[0]]
 
+    def rank_by(values, i):
+        return sorted(range(len(values)), key=lambda j: values[j]).index(i) + 1
+
     rows = []
-    for i, (label, plan) in enumerate(zip(labels, plans)):
+    for i, label in enumerate(labels):
         interval = median_interval.median_interval(wall[label])
         spread = (f"{interval[0] * 1e3:.2f}-{interval[1] * 1e3:.2f}" if interval else "n/a")
-        rows.append([label + (" (search pick)" if i == pick else ""),
-                     f"{predicted[i] * 1e3:.3f}", f"{measured[i] * 1e3:.2f}", spread,
-                     str(sorted(range(len(plans)), key=lambda j: predicted[j]).index(i) + 1),
-                     str(rank_of[i]), f"{measured[i] / fastest:.2f}x"])
-    if pick is not None:
-        pick_line = (f"the search's pick ({FLAGS.search}, auto) is {labels[pick]}: measured "
-                     f"rank {rank_of[pick]} of {len(plans)}, "
-                     f"{(measured[pick] / fastest - 1) * 100:.1f}% slower than the fastest "
-                     f"measured ({labels[by_measured[0]]})")
-    else:
-        pick_line = pick_note
-    notes = [f"Spearman's rho (predicted vs measured median) = {rho:.3f} over {len(plans)} "
-             "plans.", pick_line,
-             f"model: einsum_block {sizes}, SGD lr {LEARNING_RATE}; cluster {spec.name} "
-             f"(flops {spec.flops:.3g}/s, memory bandwidth {spec.memory_bandwidth:.3g} B/s, "
-             f"link {spec.intra_bandwidth:.3g} B/s + {spec.intra_latency * 1e6:.1f} us, op "
-             f"overhead {spec.op_overhead * 1e6:.1f} us).",
-             f"{FLAGS.rounds} interleaved rounds after {FLAGS.warmup} warm-up rounds; "
-             "interval: 95% order-statistic interval of the median.",
-             f"{run_context.machine_line(load)}; {sampler.text()}; "
-             f"{run_context.source_state()}."]
-    header = ["plan (d x t x p)", "predicted (ms)", "measured median (ms)", "95% interval",
-              "predicted rank", "measured rank", "vs fastest"]
+        picked_by = [name for name, pick in picks.items() if pick == i]
+        row = [label + (f" (pick: {', '.join(picked_by)})" if picked_by else "")]
+        for name in specs:
+            row += [f"{predicted[name][i] * 1e3:.3f}", str(rank_by(predicted[name], i))]
+        rows.append(row + [f"{measured[i] * 1e3:.2f}", spread, str(rank_of[i]),
+                           f"{measured[i] / fastest:.2f}x"])
+    notes = []
+    for name, spec in specs.items():
+        notes.append(f"{name} spec ({spec_line(spec)}): Spearman's rho (predicted vs measured "
+                     f"median) = {spearman(predicted[name], measured):.3f} over {len(plans)} "
+                     "plans.")
+        if name in picks:
+            pick = picks[name]
+            notes.append(f"the {name} spec's pick ({FLAGS.search}, auto) is {labels[pick]}: "
+                         f"measured rank {rank_of[pick]} of {len(plans)}, "
+                         f"{(measured[pick] / fastest - 1) * 100:.1f}% slower than the fastest "
+                         f"measured ({labels[by_measured[0]]}).")
+    notes += pick_notes
+    notes += [f"model: einsum_block {sizes}, SGD lr {LEARNING_RATE}; every plan runs under "
+              f"planner.parallelize on {assumed.num_devices} logical CPUs of one process.",
+              f"{FLAGS.rounds} interleaved rounds after {FLAGS.warmup} warm-up rounds; "
+              "interval: 95% order-statistic interval of the median.",
+              f"{run_context.machine_line(load)}; {sampler.text()}; "
+              f"{run_context.source_state()}."]
+    header = ["plan (d x t x p)"]
+    for name in specs:
+        header += [f"predicted, {name} spec (ms)", "rank"]
+    header += ["measured median (ms)", "95% interval", "measured rank", "vs fastest"]
     text = "\n".join([BEGIN, "## Plans run: predicted against measured step time", "",
                       *results_md.table_and_notes(header, rows, notes), "", END]) + "\n"
     print("\n" + text)
