@@ -241,6 +241,9 @@ def main(argv):
         notes.append(f"{name} spec ({spec_line(spec)}): Spearman's rho (predicted vs measured "
                      f"median) = {spearman(predicted[name], measured):.3f} over {len(plans)} "
                      "plans.")
+        ratios = [pr / me for pr, me in zip(predicted[name], measured)]
+        notes.append(f"{name} spec: predicted / measured from {min(ratios):.2f}x to "
+                     f"{max(ratios):.2f}x.")
         if name in picks:
             pick = picks[name]
             notes.append(f"the {name} spec's pick ({FLAGS.search}, auto) is {labels[pick]}: "
@@ -248,6 +251,8 @@ def main(argv):
                          f"{(measured[pick] / fastest - 1) * 100:.1f}% slower than the fastest "
                          f"measured ({labels[by_measured[0]]}).")
     notes += pick_notes
+    notes.append("Plans whose 95% intervals overlap are not told apart by this run: their "
+                 "measured ranks may swap from run to run.")
     notes += [f"model: einsum_block {sizes}, SGD lr {LEARNING_RATE}; every plan runs under "
               f"planner.parallelize on {assumed.num_devices} logical CPUs of one process.",
               f"{FLAGS.rounds} interleaved rounds after {FLAGS.warmup} warm-up rounds; "
