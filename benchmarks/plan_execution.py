@@ -158,55 +158,43 @@ def spec_line(spec):
             f"{spec.intra_latency * 1e6:.1f} us, op overhead {spec.op_overhead * 1e6:.2f} us")
 
 
-def main(argv):
-    del argv
+def plan_set(graph, specs):
+    """The fixed plans (built for the first spec) and each spec's search pick, added when
+    not among them. Returns (plans, {spec name: index of its pick}, notes on picks that
+    cannot run)."""
     from tf_fusionstitch import planner
-    from tf_fusionstitch.planner import parallel
-    assumed = planner.get_cluster(FLAGS.cluster)
-    parallel.run_cluster(assumed)
-    planner.use_cpu_devices(assumed.num_devices)   # before anything starts TensorFlow
-
-    import run_context  # imports TensorFlow
-    from tf_fusionstitch.planner import (cost_model, cpu_calibration, graph_import,
-                                         reference_models, search_common)
-
-    load = os.getloadavg()[0]
-    specs = {"assumed": assumed}
-    if FLAGS.measured_spec:
-        specs["measured"] = cpu_calibration.measured_cluster(assumed.num_devices)
-    sizes = SMALL_SIZES if FLAGS.small else SIZES
-    step, inputs, variables = reference_models.einsum_block(seed=0, lr=LEARNING_RATE, **sizes)
-    graph, _, _ = graph_import.from_function(step, inputs, variables=variables.values())
-
+    from tf_fusionstitch.planner import search_common
+    first = next(iter(specs.values()))
     plans = []
     for choice in CHOICES:
-        env = planner.PlanEnv(graph, assumed, "auto", schedule=choice.schedule)
+        env = planner.PlanEnv(graph, first, "auto", schedule=choice.schedule)
         plans.append(search_common.make_plan(env, config_of(env, choice), "fixed"))
-    picks, pick_notes = {}, []
+    picks, notes = {}, []
     for name, spec in specs.items():
         picked = planner.search_graph(graph, spec, "auto", FLAGS.search)
         print(f"{name} spec's pick:", picked, flush=True)
         pick = next((i for i, p in enumerate(plans) if same_plan(p, picked)), None)
         if pick is None and picked.num_stages > 1 and picked.tensor_parallel > 1:
-            pick_notes.append(f"the {name} spec's pick ({plan_label(picked)}) pipelines "
-                              "tensor-parallel stages, which parallelize does not run: not "
-                              "measured.")
+            notes.append(f"the {name} spec's pick ({plan_label(picked)}) pipelines "
+                         "tensor-parallel stages, which parallelize does not run: not "
+                         "measured.")
             continue
         if pick is None:
             plans.append(picked)
             pick = len(plans) - 1
         picks[name] = pick
-    labels = [plan_label(p) for p in plans]
-    assert len(set(labels)) == len(labels), labels
-    env = planner.PlanEnv(graph, assumed, "auto")
-    configs = [config_of_plan(env, p) for p in plans]
-    predicted = {name: [cost_model.CostModel(graph, spec).evaluate(c).step_time
-                        for c in configs] for name, spec in specs.items()}
+    return plans, picks, notes
 
+
+def time_plans(step, inputs, variables, cluster, labels, plans):
+    """Each plan's step built with `parallelize` and run once, then timed in interleaved
+    rounds. Returns ({label: wall seconds per round}, the load during the rounds)."""
+    from tf_fusionstitch import planner
+    import run_context
     steps = {}
     for label, plan in zip(labels, plans):
         # Every plan starts from the same weights: it copies them when built.
-        parallel_step = planner.parallelize(step, inputs, cluster=assumed, plan=plan,
+        parallel_step = planner.parallelize(step, inputs, cluster=cluster, plan=plan,
                                             variables=variables.values())
         float(parallel_step(*inputs))   # traces, partitions and compiles
         steps[label] = parallel_step
@@ -218,28 +206,39 @@ def main(argv):
     with run_context.LoadSampler() as sampler:
         wall, _ = rounds_lib.time_rounds({k: timed(s) for k, s in steps.items()}, inputs,
                                          FLAGS.rounds, FLAGS.warmup)
+    return wall, sampler.text()
+
+
+def rank_by(values, i):
+    """Rank (1 = least) of values[i]; ties in the order given."""
+    return sorted(range(len(values)), key=lambda j: values[j]).index(i) + 1
+
+
+def table_rows(labels, picks, predicted, wall):
+    """One row per plan: its label (and which spec picked it), per spec the predicted time
+    and rank, the measured median, its interval, rank and ratio to the fastest."""
     measured = [statistics.median(wall[label]) for label in labels]
-    by_measured = sorted(range(len(plans)), key=lambda i: measured[i])
-    rank_of = {i: r + 1 for r, i in enumerate(by_measured)}
-    fastest = measured[by_measured[0]]
-
-    def rank_by(values, i):
-        return sorted(range(len(values)), key=lambda j: values[j]).index(i) + 1
-
     rows = []
     for i, label in enumerate(labels):
         interval = median_interval.median_interval(wall[label])
         spread = (f"{interval[0] * 1e3:.2f}-{interval[1] * 1e3:.2f}" if interval else "n/a")
         picked_by = [name for name, pick in picks.items() if pick == i]
         row = [label + (f" (pick: {', '.join(picked_by)})" if picked_by else "")]
-        for name in specs:
-            row += [f"{predicted[name][i] * 1e3:.3f}", str(rank_by(predicted[name], i))]
-        rows.append(row + [f"{measured[i] * 1e3:.2f}", spread, str(rank_of[i]),
-                           f"{measured[i] / fastest:.2f}x"])
+        for times in predicted.values():
+            row += [f"{times[i] * 1e3:.3f}", str(rank_by(times, i))]
+        rows.append(row + [f"{measured[i] * 1e3:.2f}", spread, str(rank_by(measured, i)),
+                           f"{measured[i] / min(measured):.2f}x"])
+    return rows
+
+
+def correlation_notes(labels, picks, specs, predicted, measured):
+    """Per spec: its figures and Spearman's rho, the range of predicted over measured, and
+    where its pick ranks among the measured."""
+    fastest = min(range(len(labels)), key=lambda i: measured[i])
     notes = []
     for name, spec in specs.items():
         notes.append(f"{name} spec ({spec_line(spec)}): Spearman's rho (predicted vs measured "
-                     f"median) = {spearman(predicted[name], measured):.3f} over {len(plans)} "
+                     f"median) = {spearman(predicted[name], measured):.3f} over {len(labels)} "
                      "plans.")
         ratios = [pr / me for pr, me in zip(predicted[name], measured)]
         notes.append(f"{name} spec: predicted / measured from {min(ratios):.2f}x to "
@@ -247,17 +246,51 @@ def main(argv):
         if name in picks:
             pick = picks[name]
             notes.append(f"the {name} spec's pick ({FLAGS.search}, auto) is {labels[pick]}: "
-                         f"measured rank {rank_of[pick]} of {len(plans)}, "
-                         f"{(measured[pick] / fastest - 1) * 100:.1f}% slower than the fastest "
-                         f"measured ({labels[by_measured[0]]}).")
-    notes += pick_notes
+                         f"measured rank {rank_by(measured, pick)} of {len(labels)}, "
+                         f"{(measured[pick] / measured[fastest] - 1) * 100:.1f}% slower than "
+                         f"the fastest measured ({labels[fastest]}).")
+    return notes
+
+
+def main(argv):
+    del argv
+    from tf_fusionstitch import planner
+    from tf_fusionstitch.planner import parallel
+    assumed = planner.get_cluster(FLAGS.cluster)
+    parallel.run_cluster(assumed)
+    planner.use_cpu_devices(assumed.num_devices)   # before anything starts TensorFlow
+
+    import run_context  # imports TensorFlow
+    from tf_fusionstitch.planner import (cost_model, cpu_calibration, graph_import,
+                                         reference_models)
+
+    load = os.getloadavg()[0]
+    specs = {"assumed": assumed}
+    if FLAGS.measured_spec:
+        specs["measured"] = cpu_calibration.measured_cluster(assumed.num_devices)
+    sizes = SMALL_SIZES if FLAGS.small else SIZES
+    step, inputs, variables = reference_models.einsum_block(seed=0, lr=LEARNING_RATE, **sizes)
+    graph, _, _ = graph_import.from_function(step, inputs, variables=variables.values())
+
+    plans, picks, pick_notes = plan_set(graph, specs)
+    labels = [plan_label(p) for p in plans]
+    assert len(set(labels)) == len(labels), labels
+    env = planner.PlanEnv(graph, assumed, "auto")
+    configs = [config_of_plan(env, p) for p in plans]
+    predicted = {name: [cost_model.CostModel(graph, spec).evaluate(c).step_time
+                        for c in configs] for name, spec in specs.items()}
+    wall, load_text = time_plans(step, inputs, variables, assumed, labels, plans)
+    measured = [statistics.median(wall[label]) for label in labels]
+
+    rows = table_rows(labels, picks, predicted, wall)
+    notes = correlation_notes(labels, picks, specs, predicted, measured) + pick_notes
     notes.append("Plans whose 95% intervals overlap are not told apart by this run: their "
                  "measured ranks may swap from run to run.")
     notes += [f"model: einsum_block {sizes}, SGD lr {LEARNING_RATE}; every plan runs under "
               f"planner.parallelize on {assumed.num_devices} logical CPUs of one process.",
               f"{FLAGS.rounds} interleaved rounds after {FLAGS.warmup} warm-up rounds; "
               "interval: 95% order-statistic interval of the median.",
-              f"{run_context.machine_line(load)}; {sampler.text()}; "
+              f"{run_context.machine_line(load)}; {load_text}; "
               f"{run_context.source_state()}."]
     header = ["plan (d x t x p)"]
     for name in specs:

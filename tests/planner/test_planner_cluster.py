@@ -35,6 +35,11 @@ class ClusterSpecTest(absltest.TestCase):
         workers = cluster_lib.cpu_cluster(2, nodes=2, name="local-2x2xCPU")
         self.assertEqual(workers.device_name(3), "/job:worker/replica:0/task:1/device:CPU:1")
         self.assertGreater(workers.inter_bandwidth, 0)
+        # Logical devices and localhost workers share the machine's cores; GPUs do not.
+        self.assertTrue(spec.shared_cores and workers.shared_cores)
+        self.assertFalse(planner.get_cluster("8xV100").shared_cores)
+        with self.assertRaisesRegex(ValueError, "'shared_cores' must be true or false"):
+            planner.get_cluster({"base": "2xCPU", "shared_cores": 1})
 
     def test_links_inside_and_across_nodes(self):
         spec = planner.get_cluster("2x8xH200")
