@@ -155,7 +155,10 @@ def config_of_plan(env, plan):
 def spec_line(spec):
     return (f"{spec.name}: flops {spec.flops:.3g}/s, memory bandwidth "
             f"{spec.memory_bandwidth:.3g} B/s, link {spec.intra_bandwidth:.3g} B/s + "
-            f"{spec.intra_latency * 1e6:.1f} us, op overhead {spec.op_overhead * 1e6:.2f} us")
+            f"{spec.intra_latency * 1e6:.1f} us, "
+            + (f"send {spec.send_bandwidth:.3g} B/s + {spec.send_latency * 1e6:.1f} us, "
+               if spec.send_bandwidth else "")
+            + f"op overhead {spec.op_overhead * 1e6:.2f} us")
 
 
 def plan_set(graph, specs):

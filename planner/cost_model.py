@@ -482,7 +482,7 @@ class CostModel:
         stage = {op: unit_stage[u] for op, u in self.anchor.items()}
         tp_bw, tp_lat = c.link(t, 1)
         dp_bw, dp_lat = c.link(d, t)
-        pp_bw, pp_lat = c.link(2, t * d)
+        pp_bw, pp_lat = c.send_link(t * d)
         compute = [0.0] * p
         update = [0.0] * p
         fused = self.fused_costs(tuple(config.cuts))

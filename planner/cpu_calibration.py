@@ -5,7 +5,9 @@ the same spec with this machine's: a float32 matrix product's FLOP/s and an elem
 op's memory bandwidth on one device alone (the devices share the cores: `shared_cores`),
 the cost of one more small op in a chain of dependent ones (`op_overhead`), and the latency and
 bandwidth of an all-reduce between the n devices under DTensor (the collective DTensor's
-SPMD expansion inserts), fitted to the ring formula from a tiny and a large reduction. The
+SPMD expansion inserts), fitted to the ring formula from a tiny and a large reduction, and
+of a send between two devices in a placed graph (a pipeline's, much cheaper: the tensor is
+handed over in memory). The
 figures are cached per machine (`cpu_costs.machine()`: CPU model, usable cores, TF version
 and threads) and device count in the kernel cache directory, as the fusion cost calibration
 is; `measure` measures again.
@@ -24,9 +26,10 @@ from tf_fusionstitch.planner import parallel
 from tf_fusionstitch.rewriters import cpu_costs
 from tf_fusionstitch.runtime import cache
 
-CALIBRATION_VERSION = "3"
+CALIBRATION_VERSION = "4"
 _SUFFIX = ".cpu-cluster.json"
-FIELDS = ("flops", "memory_bandwidth", "op_overhead", "intra_bandwidth", "intra_latency")
+FIELDS = ("flops", "memory_bandwidth", "op_overhead", "intra_bandwidth", "intra_latency",
+          "send_bandwidth", "send_latency")
 
 
 def _wait(value):
@@ -111,6 +114,34 @@ def _all_reduce(devices, small=1, large=1 << 20):
     return bandwidth, latency
 
 
+def _send(small=1, large=1 << 20, hops=20):
+    """(bandwidth, latency) of handing a float32 tensor from CPU:0 to CPU:1 in a placed
+    graph (a pipeline's send): a chain of ops alternating between the two devices, less the
+    same chain on one device."""
+    def chain(other):
+        @tf.function
+        def run(a):
+            for _ in range(hops):
+                with tf.device("CPU:0"):
+                    a = a + 1.0
+                with tf.device(other):
+                    a = a * 1.0001
+            return a[:1]
+        return run
+
+    def per_send(elements):
+        with tf.device("CPU:0"):
+            x = tf.ones([elements])
+        return (_median_seconds(chain("CPU:1"), x, repeats=30)
+                - _median_seconds(chain("CPU:0"), x, repeats=30)) / (2 * hops)
+
+    t_small, t_large = per_send(small), per_send(large)
+    if t_large <= t_small:
+        raise ValueError(f"a send of {large} floats measured no slower than one of {small} "
+                         f"({t_large:.2e} s, {t_small:.2e} s): too noisy to fit")
+    return 4 * (large - small) / (t_large - t_small), max(t_small, 0.0)
+
+
 def measure(devices):
     """This machine's figures for `devices` logical CPUs (TensorFlow must be able to have
     that many: see `parallel.use_cpu_devices`), and caches them."""
@@ -119,10 +150,12 @@ def measure(devices):
     parallel.use_cpu_devices(devices)
     start = time.perf_counter()
     bandwidth, latency = _all_reduce(devices)
+    send_bandwidth, send_latency = _send()
     flops = _matmul_flops()
     figures = dict(flops=flops, memory_bandwidth=_memory_bandwidth(),
                    op_overhead=_op_overhead(flops), intra_bandwidth=bandwidth,
-                   intra_latency=latency)
+                   intra_latency=latency, send_bandwidth=send_bandwidth,
+                   send_latency=send_latency)
     record = dict(figures=figures, machine=cpu_costs.machine(), devices=devices,
                   seconds=round(time.perf_counter() - start, 1))
     _spec(devices, figures)   # refuses impossible figures before they are cached
