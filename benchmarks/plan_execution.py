@@ -301,10 +301,7 @@ def main(argv):
     header += ["measured median (ms)", "95% interval", "measured rank", "vs fastest"]
     text = "\n".join([BEGIN, "## Plans run: predicted against measured step time", "",
                       *results_md.table_and_notes(header, rows, notes), "", END]) + "\n"
-    print("\n" + text)
-    if FLAGS.out:
-        results_md.write_section(FLAGS.out, BEGIN, END, text)
-        print(f"wrote {FLAGS.out}")
+    results_md.publish(FLAGS.out, BEGIN, END, text)
 
 
 if __name__ == "__main__":
