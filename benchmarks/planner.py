@@ -442,10 +442,7 @@ def main(argv):
                                           FLAGS.small))
     published = published_comparison() if FLAGS.published and not FLAGS.small else []
     text = markdown(results, cold, FLAGS.seeds, load, published)
-    print("\n" + text)
-    if FLAGS.out:
-        results_md.write_section(FLAGS.out, BEGIN, END, text)
-        print(f"wrote {FLAGS.out}")
+    results_md.publish(FLAGS.out, BEGIN, END, text)
 
 
 if __name__ == "__main__":

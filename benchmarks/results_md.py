@@ -21,6 +21,14 @@ def write_section(path: str, begin: str, end: str, section: str) -> None:
     os.replace(tmp, path)
 
 
+def publish(path: str, begin: str, end: str, section: str) -> None:
+    """Prints `section` and, unless `path` is empty, writes it there (`write_section`)."""
+    print("\n" + section)
+    if path:
+        write_section(path, begin, end, section)
+        print(f"wrote {path}")
+
+
 def table_and_notes(header, rows, notes) -> list:
     """Markdown lines: a table of `rows` (cell lists; a "|" inside a cell
     becomes "/"), then a Notes list (or "none")."""

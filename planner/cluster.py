@@ -39,6 +39,13 @@ class ClusterSpec:
     ring collective sees them. `op_overhead` is the fixed cost of launching one op.
     `compute_units` (streaming multiprocessors of a GPU; 0 for none) is how many output tiles
     of a matrix product run at once: the cost model prices products in whole waves of tiles.
+    `send_bandwidth`, `send_latency`: a pipeline's point-to-point send between two devices
+    of a node, where it differs from a collective's link (logical CPUs of one process hand
+    a tensor over in memory); 0 for the intra-node link.
+    `shared_cores`: the devices are logical devices of one machine that share its cores (a
+    process's logical CPUs, localhost workers): one device alone computes at `flops` and
+    `memory_bandwidth`, all of them together no faster, so a step takes at least all
+    devices' work end to end.
     """
     name: str
     devices_per_node: int
@@ -53,6 +60,9 @@ class ClusterSpec:
     device_type: str = "GPU"
     op_overhead: float = 0.0
     compute_units: int = 0
+    shared_cores: bool = False
+    send_bandwidth: float = 0.0
+    send_latency: float = 0.0
 
     def __post_init__(self):
         for field in ("devices_per_node", "nodes"):
@@ -73,11 +83,15 @@ class ClusterSpec:
             if not _is_number(self.inter_bandwidth) or not self.inter_bandwidth > 0:
                 raise ValueError("cluster spec field 'inter_bandwidth' must be positive when "
                                  f"nodes > 1, got {self.inter_bandwidth!r}")
-        for field in ("intra_latency", "inter_latency", "op_overhead", "inter_bandwidth"):
+        for field in ("intra_latency", "inter_latency", "op_overhead", "inter_bandwidth",
+                      "send_bandwidth", "send_latency"):
             value = getattr(self, field)
             if not _is_number(value) or value < 0 or math.isinf(value):
                 raise ValueError(f"cluster spec field {field!r} must be a finite number >= 0, "
                                  f"got {value!r}")
+        if not isinstance(self.shared_cores, bool):
+            raise ValueError("cluster spec field 'shared_cores' must be true or false, got "
+                             f"{self.shared_cores!r}")
         if self.device_type not in ("GPU", "CPU"):
             raise ValueError(f"cluster spec field 'device_type' must be 'GPU' or 'CPU', got "
                              f"{self.device_type!r}")
@@ -98,6 +112,13 @@ class ClusterSpec:
         if span <= self.devices_per_node:
             return self.intra_bandwidth, self.intra_latency
         return self.inter_bandwidth, self.inter_latency
+
+    def send_link(self, stride):
+        """(bandwidth, latency) of a pipeline send between devices `stride` apart: the
+        send figures within a node where they are given, else the ring's link."""
+        if self.send_bandwidth > 0 and stride < self.devices_per_node:
+            return self.send_bandwidth, self.send_latency
+        return self.link(2, stride)
 
     def device_name(self, index):
         """The TensorFlow device string of global device `index` (node-major)."""
@@ -131,13 +152,15 @@ def cpu_cluster(devices=4, name="cpu-localhost", nodes=1):
 
     Within a process they share one socket's cores and memory, so "communication" is a
     memcpy. Between processes (localhost gRPC workers) it is an assumed 1 GB/s, 50 us
-    loopback, not a measurement. Modest figures for a 2-core VM.
+    loopback, not a measurement. Modest figures for a 2-core VM; this machine's measured
+    ones are `cpu_calibration.measured_cluster(n)`'s. The devices share the machine's cores
+    (`shared_cores`).
     """
     return ClusterSpec(name=name, devices_per_node=devices, nodes=nodes, flops=5e10,
                        memory=8e9, memory_bandwidth=10e9, intra_bandwidth=5e9,
                        intra_latency=2e-6, inter_bandwidth=1e9 if nodes > 1 else 0.0,
                        inter_latency=50e-6 if nodes > 1 else 0.0,
-                       device_type="CPU", op_overhead=5e-6)
+                       device_type="CPU", op_overhead=5e-6, shared_cores=True)
 
 
 PRESETS = ("8xV100", "8xA100", "8xH200", "2x8xH200", "4x8xH200", "cpu-localhost")
@@ -193,7 +216,8 @@ def get_cluster(spec):
             if overrides and "name" not in overrides:
                 base["name"] = f"{spec['base']}(custom)"
             return ClusterSpec(**base)
-        missing = _FIELDS - set(spec) - {"device_type", "op_overhead", "compute_units"}
+        missing = _FIELDS - set(spec) - {"device_type", "op_overhead", "compute_units",
+                                         "shared_cores", "send_bandwidth", "send_latency"}
         if missing:
             raise ValueError(f"cluster spec is missing field(s) {sorted(missing)} (or give "
                              f"'base': a preset to override)")

@@ -482,13 +482,14 @@ class CostModel:
         stage = {op: unit_stage[u] for op, u in self.anchor.items()}
         tp_bw, tp_lat = c.link(t, 1)
         dp_bw, dp_lat = c.link(d, t)
-        pp_bw, pp_lat = c.link(2, t * d)
+        pp_bw, pp_lat = c.send_link(t * d)
         compute = [0.0] * p
         update = [0.0] * p
         fused = self.fused_costs(tuple(config.cuts))
         for op in graph.ops.values():
             x = self.op_time(op, k, tp, fused)
             (update if op.phase == ir.UPDATE else compute)[stage[op.name]] += x
+        op_work = m * sum(compute) + sum(update)   # one device per stage, before any transfer
         collectives = []
         for col in tp.collectives:
             scaled = col.nbytes / (k if self.has_batch[col.tensor] else 1)
@@ -539,6 +540,13 @@ class CostModel:
                                     in_flight_micro_batches(s, p, m, config.schedule)
                                     if self.training else 1) for s in range(p)]
         step = pipeline_time(compute, m) + max(update) + max(dp)
+        if c.shared_cores:
+            # Devices sharing one machine's cores compute no faster together than one alone,
+            # and an idle one's cores work for the others (no pipeline bubble): the step
+            # takes every device's op work (d x t devices per stage) end to end, and each
+            # transfer once.
+            transfers = m * sum(compute) + sum(update) - op_work
+            step = d * t * op_work + transfers + max(dp)
         peak = max(memory)
         feasible = peak <= c.memory
         reason = "" if feasible else (

@@ -90,7 +90,7 @@ def _best_cuts(env, profile, p, m):
     comp, weights, acts, boundary = profile
     n = len(comp)
     c = env.cluster
-    bw, lat = c.link(2, 1)
+    bw, lat = c.send_link(1)
     pre = list(itertools.accumulate([0.0] + comp))
     prew = list(itertools.accumulate([0.0] + weights))
     prea = list(itertools.accumulate([0.0] + acts))

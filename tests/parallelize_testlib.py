@@ -7,7 +7,6 @@ any, in each xdist worker too). If something initialised TF's devices earlier wi
 CPUs, the tests are skipped with the error `use_cpu_devices` gives.
 """
 
-import math
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -27,51 +26,11 @@ from tensorflow.experimental import dtensor  # noqa: E402
 
 import tf_fusionstitch as fs  # noqa: E402
 from tf_fusionstitch.planner import reference_models  # noqa: E402
+from tf_fusionstitch.planner.reference_models import einsum_block  # noqa: E402,F401
 
 STEPS = 3
 RTOL = 1e-4
 REFERENCE_SIZES = dict(batch=4, seq=8, hidden=16, heads=2, ffn=32, layers=1)
-
-
-def einsum_block(seed, batch=4, seq=8, hidden=16, heads=2, ffn=32, lr=0.05):
-    """A pre-LN attention + FFN block written another way: rank-3 activations, einsum with
-    per-head rank-3 weights, `x @ w` on rank 3, plain SGD by `assign_sub`. Returns (train
-    step, example inputs, {name: variable})."""
-    rng = np.random.default_rng(seed)
-    dh = hidden // heads
-
-    def var(name, shape):
-        return tf.Variable((rng.standard_normal(shape) / math.sqrt(shape[0])).astype(np.float32),
-                           name=name)
-
-    params = [var("q_proj", (hidden, heads, dh)), var("k_proj", (hidden, heads, dh)),
-              var("v_proj", (hidden, heads, dh)), var("out_proj", (heads, dh, hidden)),
-              var("up", (hidden, ffn)), var("down", (ffn, hidden)),
-              tf.Variable(np.ones(hidden, np.float32), name="norm_scale")]
-    q, k, v, o, up, down, scale = params
-
-    def norm(x):
-        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
-        return (x - mean) * tf.math.rsqrt(variance + 1e-6) * scale
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            h = norm(x)
-            qh = tf.einsum("bsd,dhk->bhsk", h, q)
-            kh = tf.einsum("bsd,dhk->bhsk", h, k)
-            vh = tf.einsum("bsd,dhk->bhsk", h, v)
-            attn = tf.nn.softmax(tf.einsum("bhsk,bhtk->bhst", qh, kh) / math.sqrt(dh))
-            x = x + tf.einsum("bhsk,hkd->bsd", tf.einsum("bhst,bhtk->bhsk", attn, vh), o)
-            x = x + tf.nn.relu(norm(x) @ up) @ down
-            loss = tf.reduce_mean(tf.square(x - y))
-        for p, g in zip(params, tape.gradient(loss, params)):
-            p.assign_sub(lr * g)
-        return loss
-
-    inputs = [tf.constant(rng.standard_normal((batch, seq, hidden)).astype(np.float32))
-              for _ in range(2)]
-    return step, inputs, {p.name: p for p in params}
 
 
 def reference_block(seed):

@@ -35,9 +35,24 @@ class ClusterSpecTest(absltest.TestCase):
         workers = cluster_lib.cpu_cluster(2, nodes=2, name="local-2x2xCPU")
         self.assertEqual(workers.device_name(3), "/job:worker/replica:0/task:1/device:CPU:1")
         self.assertGreater(workers.inter_bandwidth, 0)
+        # Logical devices and localhost workers share the machine's cores; GPUs do not.
+        self.assertTrue(spec.shared_cores and workers.shared_cores)
+        self.assertFalse(planner.get_cluster("8xV100").shared_cores)
+        with self.assertRaisesRegex(ValueError, "'shared_cores' must be true or false"):
+            planner.get_cluster({"base": "2xCPU", "shared_cores": 1})
 
     def test_links_inside_and_across_nodes(self):
         spec = planner.get_cluster("2x8xH200")
+        # No send figures: a pipeline's send takes the ring's link.
+        self.assertEqual(spec.send_link(1), spec.link(2, 1))
+        self.assertEqual(spec.send_link(8), spec.link(2, 8))
+        # Logical CPUs hand tensors over in memory: the send figures, within the node only.
+        cpus = planner.get_cluster({"base": "cpu-localhost", "send_bandwidth": 1e11,
+                                    "send_latency": 1e-6})
+        self.assertEqual(cpus.send_link(3), (1e11, 1e-6))
+        self.assertEqual(cpus.link(2, 1), (cpus.intra_bandwidth, cpus.intra_latency))
+        with self.assertRaisesRegex(ValueError, "'send_bandwidth' must be a finite number"):
+            planner.get_cluster({"base": "cpu-localhost", "send_bandwidth": -1.0})
         self.assertEqual(spec.link(8, 1), (spec.intra_bandwidth, spec.intra_latency))
         self.assertEqual(spec.link(2, 8), (spec.inter_bandwidth, spec.inter_latency))
         self.assertEqual(spec.link(16, 1), (spec.inter_bandwidth, spec.inter_latency))

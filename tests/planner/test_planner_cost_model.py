@@ -94,6 +94,31 @@ class TracedStepTest(tf.test.TestCase):
         self.assertAllClose(est.step_time, (4 + 2 - 1) * max(est.stage_times)
                             + max(est.update_times) + max(est.dp_times))
 
+    def test_devices_sharing_cores_take_all_their_work_end_to_end(self):
+        # 2xCPU: two logical devices of one process on the same cores. Measured on 4xCPU
+        # (benchmarks/plan_execution.py), data parallelism ran slower than the one-device
+        # work it splits, and a pipeline of one micro-batch with unequal stages as fast as
+        # one device: the devices compute no faster together than one alone, and no
+        # pipeline bubble idles the cores.
+        shared = planner.get_cluster("2xCPU")
+        own = planner.get_cluster({"base": "2xCPU", "shared_cores": False})
+        self.assertTrue(shared.shared_cores)
+        one = cm.CostModel(self.graph, planner.get_cluster("1xCPU")).evaluate(cm.Config())
+        data = cm.CostModel(self.graph, shared).evaluate(cm.Config(replicas=2))
+        alone = cm.CostModel(self.graph, own).evaluate(cm.Config(replicas=2))
+        # Both replicas' work (each half the batch) in turn, then the all-reduce.
+        self.assertAllClose(data.step_time, 2 * (data.stage_times[0] + data.update_times[0])
+                            + data.dp_times[0])
+        self.assertGreater(data.step_time, alone.step_time)
+        # Two stages of one micro-batch, however unequal, over a free link: the one-device
+        # work, where the pipeline formula would charge twice the slower stage.
+        free_link = planner.get_cluster({"base": "2xCPU", "intra_bandwidth": 1e30,
+                                         "intra_latency": 0.0})
+        piped = cm.Config(stages=2, micro_batches=1, cuts=(1,))
+        est = cm.CostModel(self.graph, free_link).evaluate(piped)
+        self.assertAllClose(est.step_time, one.step_time)
+        self.assertLess(est.step_time, 2 * max(est.stage_times) + max(est.update_times))
+
     def test_invalid_configs_are_refused(self):
         model = cm.CostModel(self.graph, planner.get_cluster("2xV100"))
         with self.assertRaisesRegex(ValueError, "devices"):

@@ -47,6 +47,17 @@ class PlanToolTest(tf.test.TestCase):
         with self.assertRaisesRegex(ValueError, "cannot run on cluster '8xH200'"):
             tool.run("mlp", cluster="8xH200", run_steps=2)
 
+    def test_measured_spec_of_logical_cpus(self):
+        result = subprocess.run(
+            [sys.executable, "-m", "tf_fusionstitch.tools.plan", "--model=transformer_block",
+             "--batch=4", "--seq=8", "--hidden=16", "--heads=2", "--ffn=32",
+             "--cluster=2xCPU", "--strategy=data", "--measured_spec"],
+            capture_output=True, text=True, timeout=300)
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        self.assertIn("Plan for 2xCPU-measured (2 devices)", result.stdout)
+        with self.assertRaisesRegex(ValueError, "give an NxCPU cluster, not '8xH200'"):
+            tool.run("mlp", cluster="8xH200", measured_spec=True)
+
     def test_saved_model(self):
         class Mlp(tf.Module):
             def __init__(self):

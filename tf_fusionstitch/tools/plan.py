@@ -17,7 +17,8 @@ has no axis rule for (it treats each of their inputs as needed whole), with coun
 --execute builds the reference model with weights, plans its traced step and runs it under
 the plan with `planner.parallelize` on the cluster (`NxCPU`: logical CPU devices of this
 process), and prints the predicted and the measured step time (mean of --steps steps after
-one that traces and compiles).
+one that traces and compiles). --measured_spec prices an NxCPU cluster with this machine's
+measured figures (planner/cpu_calibration.py) instead of assumed ones.
 """
 
 import os
@@ -70,6 +71,9 @@ def _define_flags():
     flags.DEFINE_bool("execute", False, "Run the reference model's step under the plan on "
                       "the cluster (NxCPU) and print the measured step time.")
     flags.DEFINE_integer("steps", 5, "--execute: steps timed after the first.")
+    flags.DEFINE_bool("measured_spec", False, "With an NxCPU cluster: plan with this "
+                      "machine's measured figures (planner/cpu_calibration.py: measured once, "
+                      "then cached) instead of the assumed ones.")
 
 
 def _load_graph(model, sizes, function=None):
@@ -129,12 +133,13 @@ def execute(model, spec, strategy, search, budget, seed, schedule, fusion, steps
 
 def run(model, cluster="8xH200", strategy="auto", search="greedy", budget=None, seed=0,
         schedule="1f1b", out=None, function=None, coverage=False, fusion="none",
-        run_steps=None, **sizes):
+        run_steps=None, measured_spec=False, **sizes):
     """Plans `model` and returns (the printed report, the Plan); writes JSON to `out`.
     With `coverage`, the report also lists the ops on the conservative axis rule. With
     `run_steps`, the reference model runs under the plan (`execute`) and the report gives
     the measured step time; TensorFlow must not have started yet (it needs the cluster's
-    logical CPU devices).
+    logical CPU devices). With `measured_spec`, an NxCPU cluster has this machine's
+    measured figures (`cpu_calibration.measured_cluster`).
 
     Raises ValueError with the reason for bad arguments.
     """
@@ -143,6 +148,12 @@ def run(model, cluster="8xH200", strategy="auto", search="greedy", budget=None, 
     if unknown:
         raise ValueError(f"unknown size(s) {sorted(unknown)}; sizes are {', '.join(_SIZES)}")
     spec = planner.get_cluster(cluster)
+    if measured_spec:
+        if spec.device_type != "CPU" or spec.nodes != 1:
+            raise ValueError(f"--measured_spec measures this machine's logical CPUs: give an "
+                             f"NxCPU cluster, not {spec.name!r}")
+        from tf_fusionstitch.planner import cpu_calibration
+        spec = cpu_calibration.measured_cluster(spec.num_devices)
     if run_steps is not None:
         graph, plan, measured = execute(model, spec, strategy, search, budget, seed, schedule,
                                         fusion, run_steps, sizes)
@@ -170,7 +181,7 @@ def main(argv):
         text, _ = run(FLAGS.model, FLAGS.cluster, FLAGS.strategy, FLAGS.search, FLAGS.budget,
                       FLAGS.seed, FLAGS.schedule, FLAGS.out, FLAGS.function,
                       FLAGS.coverage, FLAGS.fusion, FLAGS.steps if FLAGS.execute else None,
-                      **{k: getattr(FLAGS, k) for k in _SIZES})
+                      FLAGS.measured_spec, **{k: getattr(FLAGS, k) for k in _SIZES})
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     print(text)
