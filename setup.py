@@ -48,10 +48,13 @@ setup(
     python_requires=">=3.10",
     packages=list(PACKAGES),
     package_dir=PACKAGES,
-    package_data={"tf_fusionstitch.custom_ops": ["*.cc", "*.h"]},
+    # The HTML pages inline these (tf_fusionstitch/static/README.md).
+    package_data={"tf_fusionstitch.custom_ops": ["*.cc", "*.h"],
+                  "tf_fusionstitch": ["static/*.js", "static/LICENSE.*", "static/README.md"]},
     install_requires=[
         "numpy>=1.26,<3",
         "absl-py>=2.1",
+        "tqdm>=4.66",
     ],
     extras_require={
         # TensorFlow for an environment that has none (pip install 'tf_fusionstitch[cpu]').

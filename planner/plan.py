@@ -7,7 +7,7 @@ module needs no TensorFlow import.
 import dataclasses
 import json
 
-from tf_fusionstitch.planner import cluster as cluster_lib
+from tf_fusionstitch.planner import cluster as cluster_lib, plan_html
 
 
 @dataclasses.dataclass
@@ -76,6 +76,11 @@ class Plan:
             if node.name in device:
                 node.device = device[node.name]
         return placed
+
+    def save_html(self, path):
+        """Writes one self-contained page: the device mesh, how each variable
+        is split, and the pipeline schedule as a timeline (plan_html.py)."""
+        plan_html.save(self, path)
 
     def to_json(self):
         return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True)

@@ -304,9 +304,13 @@ def _fuse_graph(graph_def, types, build, strategy: strategies.Strategy,
             reports.append(ClusterReport(lc.nodes[0], tf_ops, False, reason=error))
             continue
         replacements.append(Replacement(lc, kernel.key, kernel.spec))
+        types = lc.cluster.types()
         reports.append(ClusterReport("", tf_ops, True, kernel_key=kernel.key,
                                      loops=kernel.num_loops, buffered=kernel.buffered,
-                                     parts=kernel.parts))
+                                     parts=kernel.parts,
+                                     bytes_in=ir.tensor_bytes(t for _, t in lc.cluster.inputs),
+                                     bytes_out=ir.tensor_bytes(
+                                         types[name] for name in lc.cluster.outputs)))
     new_gd, tensor_map = substitute(view, replacements)
     fused_names = iter(n.name for n in new_gd.node if n.op == "FusionStitch")
     for r in reports:

@@ -30,7 +30,7 @@ tensorflow_requirement.check()
 
 import tensorflow as tf
 
-from tf_fusionstitch import background, measured_choice, trace_rewrite
+from tf_fusionstitch import background, measured_choice, tensorboard_graph, trace_rewrite
 from tf_fusionstitch.call_arguments import CallArguments, symbolic
 from tf_fusionstitch.options import FusionOptions
 from tf_fusionstitch.report import Report
@@ -162,6 +162,15 @@ class OptimizedFunction:
                 path.write_bytes(spec)
                 paths.append(path)
         return paths
+
+    def write_tensorboard(self, logdir) -> List[pathlib.Path]:
+        """Writes the latest trace's optimized graph to `logdir` for
+        TensorBoard's graph view (`tensorboard --logdir=...`), each fused
+        kernel a name scope holding its FusionStitch node and the TF ops it
+        replaced (tensorboard_graph.py). Returns the event files there."""
+        with self._lock:
+            graph_def = self._graph_def
+        return tensorboard_graph.write(graph_def, self.report(), logdir)
 
     # -- tracing -----------------------------------------------------------
     def _make_function(self, version: Version):

@@ -445,6 +445,20 @@ def num_elements(shape: Shape) -> Optional[int]:
     return math.prod(shape)
 
 
+def tensor_bytes(types: Iterable[TensorType]) -> tuple:
+    """(bytes of the tensors whose shapes are static, bytes per unit of the
+    dynamic extents of the others): for a report, where a batch left
+    dynamic multiplies the second number."""
+    fixed, per_dynamic = 0, 0
+    for t in types:
+        size = DTYPE_BYTES[t.dtype] * math.prod(d for d in t.shape if d is not None)
+        if any(d is None for d in t.shape):
+            per_dynamic += size
+        else:
+            fixed += size
+    return fixed, per_dynamic
+
+
 @dataclasses.dataclass(frozen=True)
 class Part:
     """One connected part of a packed cluster, as a cluster of its own."""

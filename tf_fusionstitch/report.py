@@ -7,6 +7,8 @@ import json
 import typing
 from typing import Any, List, Tuple
 
+from tf_fusionstitch import report_html, report_text
+
 
 @dataclasses.dataclass
 class ClusterReport:
@@ -21,6 +23,30 @@ class ClusterReport:
     # A pack whose kernel failed (`reason` says why): the number of parts it
     # was split into, each lowered and reported on its own (tf_ops empty).
     split: int = 0
+    # Bytes the kernel reads and writes: (of tensors with static shapes, per
+    # unit of the dynamic extents of the others), fusion_ir.tensor_bytes.
+    bytes_in: Tuple[int, int] = (0, 0)
+    bytes_out: Tuple[int, int] = (0, 0)
+
+
+@dataclasses.dataclass
+class PlanGraph:
+    """The graph a plan runs, for pictures: its own nodes (a fused kernel is
+    its FusionStitch node, named as its ClusterReport) and data edges."""
+    nodes: List[Tuple[str, str]] = dataclasses.field(default_factory=list)  # (name, op)
+    edges: List[Tuple[int, int]] = dataclasses.field(default_factory=list)  # (from, to)
+
+    @staticmethod
+    def of(graph_def) -> "PlanGraph":
+        index = {node.name: i for i, node in enumerate(graph_def.node)}
+        edges = set()
+        for i, node in enumerate(graph_def.node):
+            for name in node.input:
+                if not name.startswith("^"):
+                    source = index.get(name.split(":")[0])
+                    if source is not None:
+                        edges.add((source, i))
+        return PlanGraph([(node.name, node.op) for node in graph_def.node], sorted(edges))
 
 
 @dataclasses.dataclass
@@ -54,6 +80,8 @@ class Report:
     # optimize(fn, measured_choice=N): which of the fused and the original
     # function this version runs, from timing both on its first calls.
     choice: str = ""
+    # The graph this trace runs (not in to_json: set from the trace's graph).
+    graph: PlanGraph = dataclasses.field(default_factory=PlanGraph)
 
     @staticmethod
     def failed(function: str, signature: str, fusion: str, reason: str,
@@ -80,46 +108,24 @@ class Report:
         return [c for c in self.clusters if c.split]
 
     def __str__(self) -> str:
-        if self.failure:
-            return (f"tf_fusionstitch report for {self.function}{self.signature}\n"
-                    f"  not optimized: runs the original function, because the rewrite "
-                    f"failed after {self.rewrite_seconds:.2f} s: {self.failure}")
-        lines = [f"tf_fusionstitch report for {self.function}{self.signature}",
-                 f"  memory-intensive kernels: TF {self.kernels_before} -> this plan "
-                 f"{self.kernels_after} (fusion={self.fusion}, "
-                 f"{len(self.fused_clusters)} FusionStitch)",
-                 *([f"  {self.exploration}"] if self.exploration else []),
-                 *([f"  {self.choice}"] if self.choice else []),
-                 *([f"  assumes equal sizes (checked on every call; other calls run "
-                    f"another version): " + ", ".join(
-                        f"{a}[{i}] == {b}[{j}]" for a, i, b, j in self.assumed_equal)]
-                   if self.assumed_equal else []),
-                 f"  rewrite {self.rewrite_seconds:.2f} s"
-                 f"{' (rewrite cache hit)' if self.cache_hit else ''}, of which compile "
-                 f"{self.compile_seconds:.2f} s ({self.compilations} compilations)"]
-        for c in self.clusters:
-            ops = ", ".join(t for _, t in c.tf_ops)
-            if c.fused:
-                extra = f", buffered {', '.join(c.buffered)}" if c.buffered else ""
-                packed = f", {c.parts} parts packed" if c.parts > 1 else ""
-                lines.append(f"  [fused] {c.name}: {len(c.tf_ops)} ops{packed}, {c.loops} loop(s)"
-                             f"{extra}: {ops}")
-            elif c.split:
-                lines.append(f"  [split] {c.name}: a pack built as its {c.split} parts\n"
-                             f"      reason: {c.reason}")
-            else:
-                lines.append(f"  [fallback] {c.name}: {ops}\n      reason: {c.reason}")
-        if self.unfused_ops:
-            lines.append(f"  {len(self.unfused_ops)} fusible-class ops left as TF ops:")
-            for name, op, why in self.unfused_ops[:20]:
-                lines.append(f"    {name} ({op}): {why}")
-            if len(self.unfused_ops) > 20:
-                lines.append(f"    ... and {len(self.unfused_ops) - 20} more")
-        return "\n".join(lines)
+        """One line per kernel (op kinds, bytes, loops, parts) and totals."""
+        return report_text.summary(self)
+
+    def details(self) -> str:
+        """Every op of every kernel, and each fusible-class op left unfused with why."""
+        return report_text.details(self)
+
+    def save_html(self, path) -> None:
+        """Writes one self-contained page (no network needed to view it): the
+        kernel table and a picture of the plan's graph (report_html.py)."""
+        report_html.save(self, path)
 
     def to_json(self) -> str:
-        """The report as JSON text (for the rewrite cache; never pickle)."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, allow_nan=False)
+        """The report as JSON text (for the rewrite cache; never pickle),
+        without the plan's graph (each trace takes it from its own graph)."""
+        fields = dataclasses.asdict(self)
+        del fields["graph"]
+        return json.dumps(fields, sort_keys=True, allow_nan=False)
 
     @staticmethod
     def from_json(text: str) -> "Report":

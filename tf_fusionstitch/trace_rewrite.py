@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tf_fusionstitch import graph_check, kernels, rewrite_cache, trace_names
 from tf_fusionstitch.options import FusionOptions
-from tf_fusionstitch.report import Report
+from tf_fusionstitch.report import PlanGraph, Report
 from tf_fusionstitch.rewriters import (cpu_cost_model, cpu_costs, decided_shapes,
                                        function_bodies, grappler, shapes)
 from tf_fusionstitch.rewriters.fusion_pass import run_fusion_pass
@@ -92,6 +92,7 @@ def rewrite(concrete, inputs: InputSizes, options: FusionOptions, name: str):
             report = entry.report
             report.function, report.signature = name, signature_text(concrete)
             report.cache_hit = True
+            report.graph = PlanGraph.of(entry.graph_def)
             report.rewrite_seconds = time.perf_counter() - start
             return entry.graph_def, entry.output_names, report
     if options.grappler:
@@ -121,7 +122,7 @@ def rewrite(concrete, inputs: InputSizes, options: FusionOptions, name: str):
         compilations=cpu_compiler.compilations - compilations,
         rewrite_seconds=time.perf_counter() - start, unfused_ops=result.unfused_ops,
         assumed_equal=_pair_list(equalities.assumed),
-        equal_sizes_wanted=_pair_list(equalities.wanted))
+        equal_sizes_wanted=_pair_list(equalities.wanted), graph=PlanGraph.of(result.graph_def))
     # A plan with a fallback or a split pack may owe it to a passing
     # failure (a compiler's timeout): it is not cached.
     if key is not None and not report.fallbacks and not report.split_packs \

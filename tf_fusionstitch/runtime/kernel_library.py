@@ -29,7 +29,7 @@ import os
 import pathlib
 from typing import Dict, List, Optional, Sequence, Union
 
-from tf_fusionstitch.runtime import cache, cpu_compiler
+from tf_fusionstitch.runtime import cache, cpu_compiler, progress
 
 # The symbols of docs/KERNEL_ABI.md that a kernel in a library exports renamed.
 ABI_SYMBOLS = ("fs_meta", "fs_shape", "fs_run", "fs_check_inputs")
@@ -100,9 +100,13 @@ def compile_kernels(sources: Sequence[str], prelude: str, *, timeout: float = 12
     workers = max(1, workers or os.cpu_count() or 1)
     groups = _groups(missing, prelude, workers)
     if groups:
-        with concurrent.futures.ThreadPoolExecutor(min(workers, len(groups))) as pool:
-            for done in pool.map(lambda g: _compile_group(g, keys, prelude, timeout), groups):
+        with concurrent.futures.ThreadPoolExecutor(min(workers, len(groups))) as pool, \
+                progress.kernels_bar(len(missing)) as bar:
+            futures = [pool.submit(_compile_group, g, keys, prelude, timeout) for g in groups]
+            for future in concurrent.futures.as_completed(futures):
+                done = future.result()
                 outcome.update(done)
+                bar.update(len(done))
     return [outcome[s] for s in sources]
 
 
