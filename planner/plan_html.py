@@ -56,9 +56,13 @@ def timeline(stages: int, micro: int, kind: str, replicas: int) -> list:
             raise ValueError(f"the {kind} schedule of {stages} stages deadlocks")
     if replicas > 1:
         for s in range(stages):
-            blocks.append((s, f"all-reduce x{replicas}", "all-reduce", -1, free[s],
+            blocks.append((s, f"all-reduce\n{replicas} replicas", "all-reduce", -1, free[s],
                            ALL_REDUCE_SLOTS))
     return blocks
+
+
+def plural(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n != 1 else ''}"
 
 
 def mesh_table(plan) -> str:
@@ -105,7 +109,8 @@ def collectives_text(plan) -> str:
                      "after a stage's last backward")
     if plan.num_stages > 1:
         parts.append("arrows: activations sent to the next stage, gradients back")
-    return "; ".join(parts) or "no collectives: one replica, no tensor parallelism"
+    text = "; ".join(parts) or "no collectives: one replica, no tensor parallelism"
+    return text[0].upper() + text[1:]
 
 
 SCRIPT = """
@@ -139,23 +144,27 @@ SCRIPT = """
     els.push({data: {id: "t" + t, label: String(t), kind: "tick", w: 20, colour: "#fff"},
               position: {x: t * SLOT, y: data.stages * ROW - 10}});
   }
-  cytoscape({
+  const cy = cytoscape({
     container: document.getElementById("timeline"), elements: els,
     layout: {name: "preset", padding: 20}, autoungrabify: true, wheelSensitivity: 0.3,
     style: [
       {selector: "node", style: {"shape": "round-rectangle", "width": "data(w)",
-        "height": 32, "label": "data(label)", "text-valign": "center", "text-halign": "center",
-        "font-size": 12, "background-color": "data(colour)", "border-width": 1,
+        "height": 34, "label": "data(label)", "text-valign": "center", "text-halign": "center",
+        "font-size": 15, "background-color": "data(colour)", "border-width": 1,
         "border-color": "#455a64"}},
+      {selector: "node[kind = 'all-reduce']", style: {"font-size": 11, "text-wrap": "wrap",
+        "text-max-width": "data(w)"}},
       {selector: "node[kind = 'row']", style: {"border-width": 0, "font-weight": "bold",
-        "font-size": 13}},
+        "font-size": 15}},
       {selector: "node[kind = 'tick']", style: {"border-width": 0, "height": 14,
-        "font-size": 10, "color": "#78909c"}},
+        "font-size": 13, "color": "#78909c"}},
       {selector: "edge", style: {"width": 1.2, "line-color": "#78909c",
         "target-arrow-shape": "triangle", "target-arrow-color": "#78909c",
         "curve-style": "straight", "arrow-scale": 0.7}},
     ],
   });
+  // A short schedule would fill the box at a giant zoom: keep blocks their size.
+  if (cy.zoom() > 1.2) { cy.zoom(1.2); cy.center(); }
 })();
 """
 
@@ -166,13 +175,13 @@ def page(plan) -> str:
     body = f"""<header><h1>{html.escape(lines[0])}</h1>
 <div class="sub">{html.escape(chr(10).join(l.strip() for l in lines[1:3]))}</div></header>
 <section><h2>Pipeline schedule ({html.escape(plan.schedule)}, {plan.micro_batches}
-micro-batches)</h2>
+micro-batch{"es" if plan.micro_batches != 1 else ""})</h2>
 <p class="note">F3 / B3: the forward / backward of micro-batch 3 on a stage (every replica
 runs the same); time in slots, a forward one, a backward two (assumed: the plan keeps no
 per-stage times). {html.escape(collectives_text(plan))}.</p>
 <div id="timeline"></div></section>
-<section><h2>Device mesh: {plan.replicas} replicas x {plan.tensor_parallel}-way tensor
-parallel x {plan.num_stages} stages</h2>{mesh_table(plan)}</section>
+<section><h2>Device mesh: {plural(plan.replicas, "replica")} x {plan.tensor_parallel}-way
+tensor parallel x {plural(plan.num_stages, "stage")}</h2>{mesh_table(plan)}</section>
 <section><h2>Variables</h2>{splits_table(plan)}</section>
 {html_page.json_script("plan-data", {"stages": plan.num_stages, "blocks": blocks})}"""
     return html_page.page(f"tf_fusionstitch plan: {lines[0]}", body, SCRIPT, CSS,
