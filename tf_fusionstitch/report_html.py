@@ -67,6 +67,54 @@ def folded(scopes: List[str]) -> List[str]:
             return scopes
 
 
+# A scope shows at most this many boxes: past it, its ops are grouped by op type
+# (an optimizer's hundreds of "adam/Sub_12") and its child scopes by name.
+MAX_BOXES = 40
+
+
+def join(scope: str, name: str) -> str:
+    return f"{scope}/{name}" if scope else name
+
+
+def regrouped(units: list, limit: int = MAX_BOXES) -> None:
+    """Rewrites the scope of `units` ([name, op, kernel, scope]) so that no
+    scope holds more than about `limit` boxes: a crowded scope's ops go into
+    groups "[Op xN]" (fused kernels into "[fused kernels xN]"), in chunks of
+    `limit` by name, and its child scopes into groups "[first … last]".
+    "[" is never in a TF name, so a group is never taken for a scope."""
+    tree = collections.defaultdict(lambda: ([], set()))
+    for i, unit in enumerate(units):
+        tree[unit[3]][0].append(i)
+        parts = unit[3].split("/") if unit[3] else []
+        for depth in range(len(parts)):
+            tree["/".join(parts[:depth])][1].add(parts[depth])
+
+    def chunks(items):
+        return [items[j:j + limit] for j in range(0, len(items), limit)]
+
+    def walk(old: str, new: str) -> None:
+        here, children = tree[old][0], sorted(tree[old][1])
+        crowded = len(here) + len(children) > limit
+        kinds = collections.defaultdict(list)
+        for i in here:
+            kinds["fused kernels" if units[i][2] >= 0 else units[i][1]].append(i)
+        for kind, members in kinds.items():
+            members.sort(key=lambda i: units[i][0])
+            parts = chunks(members) if crowded and len(members) > 1 else [members]
+            for n, part in enumerate(parts):
+                label = (f"[{kind} x{len(members)}]" if len(parts) == 1 else
+                         f"[{kind} {n * limit + 1}-{n * limit + len(part)} of {len(members)}]")
+                for i in part:
+                    units[i][3] = join(new, label) if crowded and len(members) > 1 else new
+        groups = chunks(children) if len(children) > limit else [children]
+        for group in groups:
+            prefix = new if len(groups) == 1 else join(new, f"[{group[0]} … {group[-1]}]")
+            for child in group:
+                walk(join(old, child), join(prefix, child))
+
+    walk("", "")
+
+
 def graph_data(report) -> dict:
     """What report_page.js draws: the graph's nodes as units (a FusionStitch
     node is its kernel, placed in the scope common to its ops), the edges,
@@ -81,6 +129,7 @@ def graph_data(report) -> dict:
         units.append([name, op, k, scope])
     for unit, scope in zip(units, folded([u[3] for u in units])):
         unit[3] = scope
+    regrouped(units)
     kernels = [{"name": c.name, "ops": [list(o) for o in c.tf_ops],
                 "kinds": report_text.op_kinds(c.tf_ops, shown=3)} for c in fused]
     return {"units": units, "edges": [list(e) for e in report.graph.edges], "kernels": kernels}

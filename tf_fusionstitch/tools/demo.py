@@ -2,10 +2,11 @@
 
 Builds a transformer encoder from Keras layers with random weights (no downloads),
 wraps its forward pass in a tf.function with a dynamic batch dimension, runs
-`tf_fusionstitch.optimize` on it, and prints the report, the largest difference
-from TensorFlow's result at two batch sizes, and the median speed-up on this machine.
+`tf_fusionstitch.optimize` on it, and prints the report (one line per kernel;
+--details: every op), the largest difference from TensorFlow's result at two
+batch sizes, and the median speed-up on this machine.
 
-  python -m tf_fusionstitch.tools.demo --batch=8 --seq=128 --hidden=256
+  python -m tf_fusionstitch.tools.demo --batch=8 --seq=128 --hidden=256 --html=report.html
 """
 
 import os
@@ -31,6 +32,8 @@ flags.DEFINE_integer("layers", 2, "Transformer layers.")
 flags.DEFINE_integer("ffn", 0, "Feed-forward size; 0 means 4 * hidden.")
 flags.DEFINE_integer("repeats", 20, "Timed calls per variant; the median is reported.")
 flags.DEFINE_integer("seed", 0, "Seed for weights and inputs.")
+flags.DEFINE_bool("details", False, "Print every op of every kernel instead of one line each.")
+flags.DEFINE_string("html", "", "Also write the report as a self-contained page here.")
 
 
 def build_encoder(seq, hidden, heads, layers, ffn):
@@ -96,7 +99,11 @@ def main(argv):
     t0 = time.perf_counter()
     fast(fresh(FLAGS.batch))  # the first call traces, rewrites and compiles
     print(f"first call (trace, rewrite, compile): {time.perf_counter() - t0:.1f} s\n")
-    print(fast.report())
+    report = fast.report()
+    print(report.details() if FLAGS.details else report)
+    if FLAGS.html:
+        report.save_html(FLAGS.html)
+        print(f"wrote {FLAGS.html}")
     print()
 
     for batch in (FLAGS.batch, max(1, FLAGS.batch // 2) + 1):
