@@ -1,8 +1,6 @@
 """An optimized function's report as pictures: save_html's page and
 write_tensorboard's graph, checked by parsing what they wrote."""
 
-import html.parser
-import json
 import pathlib
 import tempfile
 import warnings
@@ -10,27 +8,7 @@ import warnings
 import tensorflow as tf
 
 import tf_fusionstitch as fs
-
-
-class _Page(html.parser.HTMLParser):
-    """The page's tags' attributes, its JSON data and the kernel table's rows."""
-
-    def __init__(self):
-        super().__init__()
-        self.attributes, self.data, self.kernel_rows = [], None, []
-        self._in_data = False
-
-    def handle_starttag(self, tag, attrs):
-        attrs = dict(attrs)
-        self.attributes.append((tag, attrs))
-        self._in_data = tag == "script" and attrs.get("id") == "plan-data"
-        if tag == "tr" and "data-kernel" in attrs:
-            self.kernel_rows.append(int(attrs["data-kernel"]))
-
-    def handle_data(self, data):
-        if self._in_data:
-            self.data = json.loads(data)
-            self._in_data = False
+from html_testlib import Page
 
 
 class ReportViewsTest(tf.test.TestCase):
@@ -71,13 +49,10 @@ class ReportViewsTest(tf.test.TestCase):
     def test_save_html_writes_a_self_contained_page_with_every_kernel_and_op(self):
         path = self.tmp / "report.html"
         self.report.save_html(path)
-        page = _Page()
-        page.feed(path.read_text(encoding="utf-8"))
-        for tag, attrs in page.attributes:     # nothing to fetch: no src, no link
-            self.assertNotIn("src", attrs, tag)
-            self.assertNotEqual(tag, "link")
-            self.assertIn(attrs.get("href", "#")[:1], ("#", ""), tag)
-        self.assertEqual(page.kernel_rows, list(range(len(self.report.fused_clusters))))
+        page = Page(path)
+        self.assertEqual(page.fetches(), [])     # self-contained: nothing to load
+        rows = [int(attrs["data-kernel"]) for tag, attrs in page.tags if "data-kernel" in attrs]
+        self.assertEqual(rows, list(range(len(self.report.fused_clusters))))
         data = page.data
         self.assertEqual([u[:2] for u in data["units"]],
                          [list(n) for n in self.report.graph.nodes])

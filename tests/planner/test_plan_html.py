@@ -1,11 +1,9 @@
 """Plan.save_html: the device mesh, the variables' splits and the pipeline
 timeline, on one self-contained page (TF-free)."""
 
-import html.parser
-import json
-
 import pytest
 
+from html_testlib import Page
 from tf_fusionstitch.planner import ir, micro_batches, plan_html
 from tf_fusionstitch.planner.plan import Plan
 
@@ -44,32 +42,11 @@ def test_the_timeline_runs_the_schedule_without_overlap(schedule, stages, micro)
     assert len([b for b in blocks if b[2] == "all-reduce"]) == stages
 
 
-class _Page(html.parser.HTMLParser):
-    def __init__(self):
-        super().__init__()
-        self.tags, self.data, self.text = [], None, []
-        self._in_data = False
-
-    def handle_starttag(self, tag, attrs):
-        attrs = dict(attrs)
-        self.tags.append((tag, attrs))
-        self._in_data = tag == "script" and attrs.get("id") == "plan-data"
-
-    def handle_data(self, data):
-        if self._in_data:
-            self.data = json.loads(data)
-            self._in_data = False
-        else:
-            self.text.append(data)
-
-
 def test_save_html_shows_the_mesh_the_splits_and_the_timeline(tmp_path):
     plan = make_plan()
     plan.save_html(tmp_path / "plan.html")
-    page = _Page()
-    page.feed((tmp_path / "plan.html").read_text(encoding="utf-8"))
-    for tag, attrs in page.tags:
-        assert "src" not in attrs and tag != "link"
+    page = Page(tmp_path / "plan.html")
+    assert page.fetches() == []        # self-contained: nothing to load
     text = " ".join(page.text)
     for device in range(8):
         assert f"device:GPU:{device}" in text

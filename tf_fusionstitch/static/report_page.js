@@ -8,6 +8,7 @@
   const units = data.units;        // [name, op type, kernel index or -1, scope]
   const kernels = data.kernels;    // {name, ops: [[name, op type]], kinds}
   const MAX_MATCHES = 200;         // search results listed
+  const MIN_ZOOM = 0.8;            // a wider scope is shown from its top at this zoom
   const colour = k => `hsl(${(k * 137.508) % 360}, 65%, 46%)`;
 
   // The scope tree: path -> {name, parent, children, units, ops, fused, kernels}.
@@ -130,6 +131,11 @@
     cy.layout({name: "dagre", rankDir: "TB", nodeSep: 16, rankSep: 34, animate: false}).run();
     cy.fit(undefined, 24);
     if (cy.zoom() > 1.3) { cy.zoom(1.3); cy.center(); }
+    if (cy.zoom() < MIN_ZOOM) {   // labels stay readable: show the top, pan for the rest
+      const box = cy.elements().boundingBox();
+      cy.zoom(MIN_ZOOM);
+      cy.pan({x: cy.width() / 2 - MIN_ZOOM * (box.x1 + box.x2) / 2, y: 24 - MIN_ZOOM * box.y1});
+    }
     crumbs.textContent = "";
     const path = ["", ...ancestors(current)];
     path.forEach((p, k) => {
@@ -183,7 +189,7 @@
     lastHits.slice(0, MAX_MATCHES).forEach(i => {
       const link = document.createElement("a");
       link.href = "#";
-      const tail = units[i][0].split("/").slice(-2).join("/");
+      const tail = units[i][0].split("/").slice(-3).join("/");
       link.textContent = (units[i][2] >= 0 ? `kernel ${units[i][2]}: ` : `${units[i][1]}: `) + tail;
       link.title = units[i][0];
       link.onclick = e => { e.preventDefault(); go(units[i][3], lastHits); describe(i); };
