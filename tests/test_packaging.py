@@ -21,6 +21,7 @@ import pytest
 import setuptools
 import repo_paths
 import tf_fusionstitch
+from tf_fusionstitch import html_page
 from tf_fusionstitch.tensorflow_requirement import DISTRIBUTIONS, PIP_RANGE
 
 REPO = str(repo_paths.REPO)
@@ -146,6 +147,11 @@ class DistributionTest(absltest.TestCase):
     def test_the_wheel_carries_the_op_source_under_the_import_root(self):
         self.assertIn("tf_fusionstitch/" + OP_SOURCE, self.wheel_names)
         self.assertIn("tf_fusionstitch/tensorflow_requirement.py", self.wheel_names)
+
+    def test_both_carry_the_javascript_the_html_pages_inline(self):
+        for name in html_page.LIBRARIES + ("report_page.js", "LICENSE.cytoscape"):
+            self.assertIn(f"tf_fusionstitch/static/{name}", self.wheel_names)
+            self.assertIn(f"tf_fusionstitch/static/{name}", self.sdist_names)
 
     def test_the_version_is_the_package_s(self):
         self.assertEqual(self.metadata["Version"], tf_fusionstitch.__version__)
