@@ -18,7 +18,7 @@ FORWARD_SLOTS, BACKWARD_SLOTS, ALL_REDUCE_SLOTS = 1, 2, 1
 
 CSS = """
 section { padding: 4px 14px 10px 14px; }
-#timeline { height: 46vh; border: 1px solid #cfd8dc; }
+#timeline { max-height: 60vh; border: 1px solid #cfd8dc; }
 .mesh td.device { background: #e3f2fd; border: 1px solid #90caf9; text-align: center;
                   font-size: 12px; padding: 4px 8px; }
 .note { color: #546e7a; }
@@ -179,7 +179,7 @@ micro-batch{"es" if plan.micro_batches != 1 else ""})</h2>
 <p class="note">F3 / B3: the forward / backward of micro-batch 3 on a stage (every replica
 runs the same); time in slots, a forward one, a backward two (assumed: the plan keeps no
 per-stage times). {html.escape(collectives_text(plan))}.</p>
-<div id="timeline"></div></section>
+<div id="timeline" style="height: {110 + 46 * plan.num_stages}px"></div></section>
 <section><h2>Device mesh: {plural(plan.replicas, "replica")} x {plan.tensor_parallel}-way
 tensor parallel x {plural(plan.num_stages, "stage")}</h2>{mesh_table(plan)}</section>
 <section><h2>Variables</h2>{splits_table(plan)}</section>
