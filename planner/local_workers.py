@@ -18,22 +18,14 @@ CLUSTER_JSON TASK DEVICES`.
 
 import atexit
 import json
-import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import tensorflow as tf
 
 from tf_fusionstitch.planner import cluster as cluster_lib
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tf_fusionstitch.planner import dtensor_clients, localhost
 
 
 class LocalCluster:
@@ -51,9 +43,10 @@ class LocalCluster:
                              "this process use cluster='NxCPU'")
         self.spec = cluster_lib.cpu_cluster(devices_per_worker, nodes=workers,
                                             name=f"local-{workers}x{devices_per_worker}xCPU")
-        ports = [_free_port() for _ in range(workers + 1)]
+        ports = [localhost.free_port() for _ in range(workers + 1)]
         self.cluster_def = {"chief": [f"127.0.0.1:{ports[0]}"],
                             "worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
+        self.clients = None    # DTensor clients, started for the first mesh plan
         self.processes = [subprocess.Popen(
             [sys.executable, "-m", __name__, json.dumps(self.cluster_def), str(i),
              str(devices_per_worker)]) for i in range(workers)]
@@ -79,8 +72,18 @@ class LocalCluster:
                                    f"came up (workers exited: {dead})")
             time.sleep(0.5)
 
+    def dtensor_clients(self):
+        """The cluster's DTensor clients (`dtensor_clients.ClientGroup`), one per worker with
+        the worker's devices, started on first use: tensor parallel plans run on them."""
+        if self.clients is None:
+            self.clients = dtensor_clients.ClientGroup(self.spec.nodes,
+                                                       self.spec.devices_per_node)
+        return self.clients
+
     def close(self):
-        """Stops the workers (idempotent)."""
+        """Stops the workers and DTensor clients (idempotent)."""
+        if self.clients is not None:
+            self.clients.close()
         for process in self.processes:
             if process.poll() is None:
                 process.kill()
@@ -96,14 +99,7 @@ class LocalCluster:
 
 def serve(cluster_json, task, devices):
     """A worker: serves its task until killed or until the process that started it dies."""
-    parent = os.getppid()
-
-    def watch_parent():
-        while os.getppid() == parent:
-            time.sleep(1)
-        os._exit(0)
-
-    threading.Thread(target=watch_parent, daemon=True).start()
+    localhost.exit_with_parent()
     config = tf.compat.v1.ConfigProto(device_count={"CPU": devices})
     server = tf.distribute.Server(tf.train.ClusterSpec(json.loads(cluster_json)),
                                   job_name="worker", task_index=task, config=config)

@@ -1,5 +1,6 @@
 """`planner.local_cluster(workers=2)`: data and pipeline plans run on two TensorFlow worker
-processes over localhost gRPC with the single-device losses and variables.
+processes over localhost gRPC, operator (tensor parallel) plans on its two multi-client
+DTensor clients, with the single-device losses and variables.
 
 Joining a cluster changes a process's TensorFlow context for good, so the checks run in a
 fresh Python process (this file run as a program); its workers stop when it closes the
@@ -11,7 +12,6 @@ import subprocess
 import sys
 
 import parallelize_testlib as lib  # configures the logical devices first
-from parallelize_testlib import einsum_block
 
 import tensorflow as tf
 
@@ -28,18 +28,18 @@ def check_on_two_workers():
             tasks = {tf.DeviceSpec.from_string(op.device).task
                      for op in case.ops_run(parallel, "einsum") if op.device}
             case.assertEqual(tasks, {0, 1})
-        step, inputs, variables = einsum_block(seed=2)
-        with case.assertRaisesRegex(ValueError, "tensor parallel plans run under DTensor"):
-            planner.parallelize(step, inputs, cluster=cluster, strategy="operator",
-                                variables=variables.values())
-    workers = cluster.processes
+        for model in ("reference", "einsum"):
+            case.check_strategy(model, "operator", cluster=cluster)
+        clients = cluster.clients.processes
+        case.assertLen(clients, 2)
+    workers = cluster.processes + clients
     case.assertTrue(all(p.poll() is not None for p in workers), "a worker outlived close()")
     print(_DONE)
 
 
 class LocalClusterTest(tf.test.TestCase):
 
-    def test_data_and_pipeline_plans_on_two_workers(self):
+    def test_data_pipeline_and_operator_plans_on_two_workers(self):
         here = os.path.dirname(os.path.abspath(__file__))
         tests = os.path.dirname(here)   # where parallelize_testlib is
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(

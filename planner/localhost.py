@@ -1,0 +1,27 @@
+"""What the planner's localhost worker processes share, TF-free: a free port on 127.0.0.1,
+and a child's exit when the process that started it dies (so no worker outlives a test run
+that crashed or was killed)."""
+
+import os
+import socket
+import threading
+import time
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def exit_with_parent():
+    """Ends this process as soon as its parent dies (it is then re-parented), from a daemon
+    thread: a worker blocked in a server loop or a collective never looks itself."""
+    parent = os.getppid()
+
+    def watch_parent():
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(0)
+
+    threading.Thread(target=watch_parent, daemon=True).start()
