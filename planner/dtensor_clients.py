@@ -36,7 +36,7 @@ class ClientError(RuntimeError):
     is closed."""
 
 
-class ClientGroup:
+class ClientGroup(localhost.Stoppable):
     """`clients` DTensor client processes of `devices_per_client` logical CPUs each."""
 
     def __init__(self, clients, devices_per_client, timeout=300):
@@ -95,14 +95,4 @@ class ClientGroup:
         for conn in self.connections:
             conn.close()
         self.connections = []
-        for process in self.processes:
-            if process.poll() is None:
-                process.kill()
-        for process in self.processes:
-            process.wait()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        localhost.stop(self.processes)

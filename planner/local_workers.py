@@ -5,8 +5,10 @@ Each worker is a `tf.distribute.Server` (job "worker", task i) in a process of i
 `tf.config.experimental_connect_to_cluster`, after which ops placed on
 `/job:worker/replica:0/task:i/device:CPU:k` run in worker i. The planner's device names for a
 cluster of several nodes are exactly those, so placed plans (`parallel.PlacedStep`) run here
-unchanged. Workers are stopped when the cluster is closed (context manager), at exit, and by
-themselves when the process that started them dies.
+unchanged. Tensor parallel plans need DTensor in every process of the mesh: for them the
+cluster starts a `dtensor_clients.ClientGroup` beside the workers, one client per worker
+with the worker's device count. Workers and clients are stopped when the cluster is closed
+(context manager), at exit, and by themselves when the process that started them dies.
 
 Connecting changes this process's TensorFlow context for good: create the model's variables
 after `local_cluster(...)`, and keep one cluster per process (TensorFlow has no public way
@@ -28,7 +30,7 @@ from tf_fusionstitch.planner import cluster as cluster_lib
 from tf_fusionstitch.planner import dtensor_clients, localhost
 
 
-class LocalCluster:
+class LocalCluster(localhost.Stoppable):
     """W worker processes of D CPU devices each; `spec` is the `ClusterSpec` plans are
     searched and placed for (its links between workers are assumed, not measured)."""
 
@@ -84,17 +86,7 @@ class LocalCluster:
         """Stops the workers and DTensor clients (idempotent)."""
         if self.clients is not None:
             self.clients.close()
-        for process in self.processes:
-            if process.poll() is None:
-                process.kill()
-        for process in self.processes:
-            process.wait()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        localhost.stop(self.processes)
 
 
 def serve(cluster_json, task, devices):

@@ -16,6 +16,7 @@ import parallelize_testlib as lib  # configures the logical devices first
 import tensorflow as tf
 
 from tf_fusionstitch import planner
+from tf_fusionstitch.planner import dtensor_clients
 
 _DONE = "local cluster checks passed"
 
@@ -32,6 +33,12 @@ def check_on_two_workers():
             case.check_strategy(model, "operator", cluster=cluster)
         clients = cluster.clients.processes
         case.assertLen(clients, 2)
+        # A client's error stops every client (the others may wait in a collective) and
+        # comes back with its traceback.
+        with case.assertRaisesRegex(dtensor_clients.ClientError,
+                                    r"client \d failed(?s:.*)KeyError: .no such step"):
+            cluster.clients.request("call", "no such step", [])
+        case.assertTrue(all(p.poll() is not None for p in clients), "a client outlived an error")
     workers = cluster.processes + clients
     case.assertTrue(all(p.poll() is not None for p in workers), "a worker outlived close()")
     print(_DONE)
