@@ -77,7 +77,8 @@ def parallelize(fn, example_inputs, cluster="4xCPU", strategy="auto", method="gr
     """A callable that runs one training step of `fn` under a plan, on TensorFlow's engine.
 
     The plan is `plan`, or the one `search` finds for `fn` with `strategy`, `method` and
-    `search_options` (budget, seed, schedule, fusion). cluster: `NxCPU`, N logical CPU
+    `search_options` (budget, seed, schedule, fusion; fusion defaults to "stitch" for a
+    step that holds FusionStitch ops, else "none"). cluster: `NxCPU`, N logical CPU
     devices of this process (set up here if TensorFlow has not initialised its devices; else
     see `use_cpu_devices`), or a `local_cluster(...)`. Data x tensor parallel plans run
     under DTensor (on a local cluster: multi-client, on its DTensor clients); pipeline and
@@ -91,7 +92,11 @@ def parallelize(fn, example_inputs, cluster="4xCPU", strategy="auto", method="gr
     from tf_fusionstitch.planner import parallel
 
     def search_plan(graph, cluster_spec):
-        return search_graph(graph, cluster_spec, strategy, method, **search_options)
+        options = dict(search_options)
+        if any(op.type == "FusionStitch" for op in graph.ops.values()):
+            # A step tf_fusionstitch.optimize fused runs stitched kernels: price it so.
+            options.setdefault("fusion", "stitch")
+        return search_graph(graph, cluster_spec, strategy, method, **options)
 
     return parallel.build(fn, example_inputs, cluster, plan=plan, search=search_plan,
                           variables=variables)

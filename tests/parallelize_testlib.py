@@ -90,6 +90,8 @@ class ParallelStepCase(tf.test.TestCase):
                     "pipeline": (1, 1, n)}.get(strategy)
             if want is not None:
                 self.assertEqual(mesh, want, str(plan))
+            # A fused step is priced as it runs, with stitched kernels.
+            self.assertEqual(plan.fusion, "stitch" if fuse else "none")
         if plan.tensor_parallel > 1:
             self.check_shards(parallel, variables)
         initial = {n: v.numpy() for n, v in variables.items()}
