@@ -27,12 +27,13 @@ import time
 import tensorflow as tf
 
 from tf_fusionstitch.planner import cluster as cluster_lib
-from tf_fusionstitch.planner import dtensor_clients, localhost
+from tf_fusionstitch.planner import dtensor_clients, localhost, loopback_calibration
 
 
 class LocalCluster(localhost.Stoppable):
     """W worker processes of D CPU devices each; `spec` is the `ClusterSpec` plans are
-    searched and placed for (its links between workers are assumed, not measured)."""
+    searched and placed for: its link between workers is measured on this machine
+    (`loopback_calibration`, cached), its devices' figures are `cpu_cluster`'s."""
 
     def __init__(self, workers=2, devices_per_worker=1):
         for name, value in (("workers", workers), ("devices_per_worker", devices_per_worker)):
@@ -57,6 +58,7 @@ class LocalCluster(localhost.Stoppable):
             tf.config.experimental_connect_to_cluster(
                 tf.train.ClusterSpec(self.cluster_def), job_name="chief", task_index=0)
             self._wait_for_devices(workers * devices_per_worker)
+            self.spec = loopback_calibration.measured_spec(self.spec)
         except Exception:
             self.close()
             raise

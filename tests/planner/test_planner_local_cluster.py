@@ -1,6 +1,7 @@
 """`planner.local_cluster(workers=2)`: data and pipeline plans run on two TensorFlow worker
 processes over localhost gRPC, operator (tensor parallel) plans on its two multi-client
-DTensor clients, with the single-device losses and variables.
+DTensor clients, with the single-device losses and variables; the cluster's spec has the
+loopback link measured on this machine.
 
 Joining a cluster changes a process's TensorFlow context for good, so the checks run in a
 fresh Python process (this file run as a program); its workers stop when it closes the
@@ -16,7 +17,7 @@ import parallelize_testlib as lib  # configures the logical devices first
 import tensorflow as tf
 
 from tf_fusionstitch import planner
-from tf_fusionstitch.planner import dtensor_clients
+from tf_fusionstitch.planner import dtensor_clients, loopback_calibration
 
 _DONE = "local cluster checks passed"
 
@@ -24,6 +25,15 @@ _DONE = "local cluster checks passed"
 def check_on_two_workers():
     with planner.local_cluster(workers=2, devices_per_worker=1) as cluster:
         case = lib.ParallelStepCase()
+        # Plans are priced with the loopback link measured here (and cached), not assumed.
+        figures = loopback_calibration.cached_record()["figures"]
+        case.assertEqual(cluster.spec.name, "local-2x1xCPU-measured")
+        case.assertEqual(cluster.spec.inter_bandwidth, figures["inter_bandwidth"])
+        case.assertEqual(cluster.spec.inter_latency, figures["inter_latency"])
+        case.assertBetween(figures["inter_bandwidth"], 1e7, 1e12)   # bytes/s
+        case.assertBetween(figures["inter_latency"], 0.0, 0.05)     # seconds
+        print(f"loopback: {figures['inter_bandwidth'] / 1e9:.2f} GB/s, "
+              f"{figures['inter_latency'] * 1e6:.0f} us")
         for strategy in ("data", "pipeline"):
             parallel = case.check_strategy("einsum", strategy, cluster=cluster)
             tasks = {tf.DeviceSpec.from_string(op.device).task
