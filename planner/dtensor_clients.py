@@ -62,8 +62,13 @@ class ClientGroup(localhost.Stoppable):
         answered within the group's timeout."""
         if not self.connections:
             raise ClientError("the DTensor clients were stopped")
-        for conn in self.connections:
-            conn.send(message)
+        for client, conn in enumerate(self.connections):
+            try:
+                conn.send(message)
+            except OSError as e:   # its end closed: the client exited
+                self.close()
+                raise ClientError(f"DTensor client {client} exited before {message[0]!r}: "
+                                  f"{e}") from e
         results = [None] * len(self.connections)
         waiting = dict(enumerate(self.connections))
         deadline = time.monotonic() + self.timeout
