@@ -2,9 +2,10 @@
 
 `cluster.cpu_cluster(nodes=W)` assumes 1 GB/s and 50 us between worker processes. Here the
 link is measured: a send between two workers' devices in a placed graph over localhost
-gRPC (as data and pipeline plans hand tensors between workers; the DTensor clients'
-collectives travel the same loopback), fitted to latency + bytes / bandwidth from a small
-and a large tensor. The figures are cached per machine (`cpu_costs.machine()`: CPU model,
+gRPC (as data and pipeline plans hand tensors between workers), fitted to latency +
+bytes / bandwidth from a small and a large tensor. Collectives between the cluster's
+DTensor clients run slower than these sends (README: about 3x less bandwidth); measuring
+them would need the clients started, which costs more than this whole measurement. The figures are cached per machine (`cpu_costs.machine()`: CPU model,
 usable cores, TF version and threads) in the kernel cache directory, as `cpu_calibration`'s
 are; `measure` measures again.
 """
