@@ -10,7 +10,8 @@ run it.
     step = planner.parallelize(train_step, example_inputs, cluster="4xCPU")
     loss = step(*example_inputs)      # one step under the plan, on 4 logical CPUs
 
-Only `graph_import`, `parallel` (runs plans), `local_workers` (worker processes), the model
+Only `graph_import`, `parallel` (runs plans), `local_workers` and `dtensor_client_main`
+(worker processes), the model
 builders (`reference_models`, `more_models`, `model_blocks`) and the DQN's networks import
 TensorFlow (lazily, from `search`, `parallelize`, `local_cluster` and `method="dqn"`); the
 IR, cost model, layouts, micro-batch cuts, strategies and searches are TF-free
@@ -76,12 +77,14 @@ def parallelize(fn, example_inputs, cluster="4xCPU", strategy="auto", method="gr
     """A callable that runs one training step of `fn` under a plan, on TensorFlow's engine.
 
     The plan is `plan`, or the one `search` finds for `fn` with `strategy`, `method` and
-    `search_options` (budget, seed, schedule, fusion). cluster: `NxCPU`, N logical CPU
+    `search_options` (budget, seed, schedule, fusion; fusion defaults to "stitch" for a
+    step that holds FusionStitch ops, else "none"). cluster: `NxCPU`, N logical CPU
     devices of this process (set up here if TensorFlow has not initialised its devices; else
     see `use_cpu_devices`), or a `local_cluster(...)`. Data x tensor parallel plans run
-    under DTensor (on NxCPU); pipeline and data plans without tensor parallelism run placed,
-    in replicas and micro-batches (on a local cluster, always so); pipelines with tensor
-    parallelism raise ValueError. The callable takes `fn`'s arguments and returns its
+    under DTensor (on a local cluster: multi-client, on its DTensor clients); pipeline and
+    data plans without tensor parallelism run placed, in replicas and micro-batches (on a
+    local cluster, data plans always so); pipelines with tensor parallelism raise
+    ValueError. The callable takes `fn`'s arguments and returns its
     outputs; its `.plan` is the plan and `.sync_variables()` writes the distributed
     variables' values back into `fn`'s variables. Imports TensorFlow.
     """
@@ -89,7 +92,11 @@ def parallelize(fn, example_inputs, cluster="4xCPU", strategy="auto", method="gr
     from tf_fusionstitch.planner import parallel
 
     def search_plan(graph, cluster_spec):
-        return search_graph(graph, cluster_spec, strategy, method, **search_options)
+        options = dict(search_options)
+        if any(op.type == "FusionStitch" for op in graph.ops.values()):
+            # A step tf_fusionstitch.optimize fused runs stitched kernels: price it so.
+            options.setdefault("fusion", "stitch")
+        return search_graph(graph, cluster_spec, strategy, method, **options)
 
     return parallel.build(fn, example_inputs, cluster, plan=plan, search=search_plan,
                           variables=variables)
@@ -105,7 +112,8 @@ def use_cpu_devices(count):
 def local_cluster(workers=2, devices_per_worker=1):
     """Starts `workers` TensorFlow worker processes on 127.0.0.1 (`devices_per_worker` CPU
     devices each) and joins them; the result is a `cluster=` for `parallelize` (data and
-    pipeline plans run placed on the workers) and a context manager that stops them. Create
+    pipeline plans run placed on the workers, tensor parallel plans on DTensor client
+    processes it starts beside them) and a context manager that stops them all. Create
     the model after it. Imports TensorFlow."""
     from tf_fusionstitch.planner import local_workers
     return local_workers.LocalCluster(workers, devices_per_worker)

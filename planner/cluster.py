@@ -153,7 +153,8 @@ def cpu_cluster(devices=4, name="cpu-localhost", nodes=1):
     Within a process they share one socket's cores and memory, so "communication" is a
     memcpy. Between processes (localhost gRPC workers) it is an assumed 1 GB/s, 50 us
     loopback, not a measurement. Modest figures for a 2-core VM; this machine's measured
-    ones are `cpu_calibration.measured_cluster(n)`'s. The devices share the machine's cores
+    ones are `cpu_calibration.measured_cluster(n)`'s, and a `local_cluster`'s spec has
+    the loopback measured (`loopback_calibration`). The devices share the machine's cores
     (`shared_cores`).
     """
     return ClusterSpec(name=name, devices_per_node=devices, nodes=nodes, flops=5e10,

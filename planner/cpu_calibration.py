@@ -15,14 +15,13 @@ is; `measure` measures again.
 
 import dataclasses
 import json
-import statistics
 import time
 
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tf_fusionstitch.planner import cluster as cluster_lib
-from tf_fusionstitch.planner import parallel
+from tf_fusionstitch.planner import parallel, timing
 from tf_fusionstitch.rewriters import cpu_costs
 from tf_fusionstitch.runtime import cache
 
@@ -30,23 +29,6 @@ CALIBRATION_VERSION = "4"
 _SUFFIX = ".cpu-cluster.json"
 FIELDS = ("flops", "memory_bandwidth", "op_overhead", "intra_bandwidth", "intra_latency",
           "send_bandwidth", "send_latency")
-
-
-def _wait(value):
-    """Blocks until `value` (a tensor or DTensor) is computed, on every device holding it."""
-    for part in dtensor.unpack(value) if dtensor.is_dtensor(value) else [value]:
-        part.numpy()
-
-
-def _median_seconds(fn, *args, repeats=15, warmup=3):
-    for _ in range(warmup):
-        _wait(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        _wait(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _matmul_flops(size=512, chain=4):
@@ -59,14 +41,14 @@ def _matmul_flops(size=512, chain=4):
         return a
 
     with tf.device("CPU:0"):
-        return 2 * size ** 3 * chain / _median_seconds(products, x)
+        return 2 * size ** 3 * chain / timing.median_seconds(products, x)
 
 
 def _memory_bandwidth(elements=1 << 24):
     x = tf.ones([elements])
     scale = tf.function(lambda a: a * 1.5)
     with tf.device("CPU:0"):
-        return 2 * 4 * elements / _median_seconds(scale, x)   # read and write float32
+        return 2 * 4 * elements / timing.median_seconds(scale, x)   # read and write float32
 
 
 def _op_overhead(flops, ops=200, rows=16, width=64):
@@ -85,7 +67,7 @@ def _op_overhead(flops, ops=200, rows=16, width=64):
 
     x = tf.random.normal([rows, width])
     with tf.device("CPU:0"):
-        one, many = _median_seconds(chain(1), x), _median_seconds(chain(ops), x)
+        one, many = timing.median_seconds(chain(1), x), timing.median_seconds(chain(ops), x)
     return max((many - one) / (ops - 1) - 2 * rows * width * width / flops, 0.0)
 
 
@@ -101,7 +83,7 @@ def _all_reduce(devices, small=1, large=1 << 20):
 
     def seconds(elements):
         x = dtensor.call_with_layout(tf.ones, sharded, shape=[devices, elements])
-        return _median_seconds(reduce, x) - _median_seconds(keep, x)
+        return timing.median_seconds(reduce, x) - timing.median_seconds(keep, x)
 
     n = devices
     t_small, t_large = seconds(small), seconds(large)
@@ -114,34 +96,6 @@ def _all_reduce(devices, small=1, large=1 << 20):
     return bandwidth, latency
 
 
-def _send(small=1, large=1 << 20, hops=20):
-    """(bandwidth, latency) of handing a float32 tensor from CPU:0 to CPU:1 in a placed
-    graph (a pipeline's send): a chain of ops alternating between the two devices, less the
-    same chain on one device."""
-    def chain(other):
-        @tf.function
-        def run(a):
-            for _ in range(hops):
-                with tf.device("CPU:0"):
-                    a = a + 1.0
-                with tf.device(other):
-                    a = a * 1.0001
-            return a[:1]
-        return run
-
-    def per_send(elements):
-        with tf.device("CPU:0"):
-            x = tf.ones([elements])
-        return (_median_seconds(chain("CPU:1"), x, repeats=30)
-                - _median_seconds(chain("CPU:0"), x, repeats=30)) / (2 * hops)
-
-    t_small, t_large = per_send(small), per_send(large)
-    if t_large <= t_small:
-        raise ValueError(f"a send of {large} floats measured no slower than one of {small} "
-                         f"({t_large:.2e} s, {t_small:.2e} s): too noisy to fit")
-    return 4 * (large - small) / (t_large - t_small), max(t_small, 0.0)
-
-
 def measure(devices):
     """This machine's figures for `devices` logical CPUs (TensorFlow must be able to have
     that many: see `parallel.use_cpu_devices`), and caches them."""
@@ -150,7 +104,7 @@ def measure(devices):
     parallel.use_cpu_devices(devices)
     start = time.perf_counter()
     bandwidth, latency = _all_reduce(devices)
-    send_bandwidth, send_latency = _send()
+    send_bandwidth, send_latency = timing.send_figures("CPU:0", "CPU:1")
     flops = _matmul_flops()
     figures = dict(flops=flops, memory_bandwidth=_memory_bandwidth(),
                    op_overhead=_op_overhead(flops), intra_bandwidth=bandwidth,

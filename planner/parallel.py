@@ -21,14 +21,19 @@ convention:
   stage of a replica takes its pieces' forwards and backwards in the plan's schedule
   (GPipe or 1F1B: `micro_batches.schedule`), through control edges.
 - On a `LocalCluster` (worker processes over gRPC), data and pipeline plans run placed as
-  above, on the workers' devices; tensor parallel plans do not (DTensor runs in this
-  process only).
+  above, on the workers' devices. Tensor parallel plans run under multi-client DTensor: the
+  cluster's DTensor clients (`dtensor_clients`, one per worker, all of them one mesh) each
+  rebuild the step from its wire form (GraphDef, variable values, inputs) and run the same
+  `MeshStep`; outputs and variable values come back from client 0.
 - Pipelines combined with tensor parallelism do not run yet (ValueError).
 
 The step's own variables are left as they were; `ParallelStep.sync_variables` writes the
 distributed copies' values back into them.
 """
 
+import itertools
+
+import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
@@ -80,7 +85,8 @@ def build(fn, example_inputs, cluster, plan=None, search=None, variables=()):
     """A `ParallelStep` of `fn` under `plan`, or under `search(ir_graph, cluster_spec)`'s plan.
 
     cluster: an `NxCPU` spec (its N logical devices are set up here if TF has not started)
-    or a `LocalCluster` (data and pipeline plans run placed on its workers).
+    or a `LocalCluster` (data and pipeline plans run placed on its workers, tensor parallel
+    plans on its DTensor clients).
     variables: tf.Variables `fn` uses only through raw handles (as for `planner.search`).
     """
     spec, remote = run_cluster(cluster)
@@ -96,16 +102,14 @@ def build(fn, example_inputs, cluster, plan=None, search=None, variables=()):
                          f"{plan.tensor_parallel}-way tensor parallel x {plan.num_stages} "
                          f"stages) but cluster {spec.name!r} has {spec.num_devices}")
     step = _Step(graph, graph_def, concrete, variables)
-    if remote and plan.tensor_parallel > 1:
-        raise ValueError(
-            f"the plan splits variables {plan.tensor_parallel} ways: tensor parallel plans "
-            "run under DTensor on this process's devices (cluster='NxCPU') only; on a "
-            "local_cluster, search with strategy='data' or 'pipeline'")
-    if plan.num_stages == 1 and not remote:
+    # On worker processes, a plan without tensor parallelism runs placed (below).
+    if plan.num_stages == 1 and (not remote or plan.tensor_parallel > 1):
         if plan.micro_batches > 1:
             raise ValueError(f"the plan has {plan.micro_batches} micro-batches but no "
                              "pipeline stages: micro-batches run in pipeline plans only")
-        return MeshStep(plan, step, spec)
+        if remote:
+            return ClientMeshStep(plan, step, cluster.dtensor_clients())
+        return MeshStep(plan, step, [f"CPU:{i}" for i in range(spec.num_devices)])
     if plan.tensor_parallel > 1:
         raise ValueError(
             f"the plan pipelines {plan.num_stages} stages of {plan.tensor_parallel}-way "
@@ -166,6 +170,36 @@ class _Step:
                 self.captured_values[internal.name] = external
         self.variables = list({id(v): v for v in self.captured_variables.values()}.values())
 
+    def wire(self):
+        """What a DTensor client rebuilds the step from (`from_wire`), picklable: the
+        GraphDef, argument and output names, each variable's name, value and trainability,
+        the placeholders that stand for them, and the captured constants' values."""
+        index = {id(var): i for i, var in enumerate(self.variables)}
+        return {"graph_def": self.graph_def.SerializeToString(),
+                "arg_names": self.arg_names, "arg_shapes": self.arg_shapes,
+                "output_names": self.output_names,
+                "variables": [(var.name, var.numpy(), var.trainable) for var in self.variables],
+                "captured_variables": {name: index[id(var)]
+                                       for name, var in self.captured_variables.items()},
+                "captured_values": {name: np.asarray(value)
+                                    for name, value in self.captured_values.items()}}
+
+    @classmethod
+    def from_wire(cls, wire):
+        """The step `wire()` describes, its variables new ones of the same names (as the
+        plan names them) and values; it holds what `MeshStep` uses, no more."""
+        step = cls.__new__(cls)
+        step.graph_def = tf.compat.v1.GraphDef.FromString(wire["graph_def"])
+        step.arg_names, step.arg_shapes = wire["arg_names"], wire["arg_shapes"]
+        step.output_names = wire["output_names"]
+        step.variables = [tf.Variable(value, trainable=trainable, name=name.rpartition(":")[0])
+                          for name, value, trainable in wire["variables"]]
+        step.captured_variables = {name: step.variables[i]
+                                   for name, i in wire["captured_variables"].items()}
+        step.captured_values = {name: tf.constant(value)
+                                for name, value in wire["captured_values"].items()}
+        return step
+
     def importer(self, graph_def, feed_captures, finish_output):
         """A tf.function of the step's arguments that imports `graph_def` (the step's, or a
         placed copy), its captures fed by `feed_captures()` (called inside the function) and
@@ -211,14 +245,23 @@ class ParallelStep:
         self.captured_constants = {}   # placeholder name -> the value fed to it
 
     def __call__(self, *args):
-        flat = [self.to_devices(tf.convert_to_tensor(a), shape)
-                for a, shape in zip(self.step.flat_args(args), self.step.arg_shapes)]
-        return self.step.pack_outputs([self.from_devices(t) for t in self.run(*flat)])
+        return self.step.pack_outputs(self.run_flat(
+            [tf.convert_to_tensor(a) for a in self.step.flat_args(args)]))
+
+    def run_flat(self, args):
+        """The step's outputs (a flat list, on this process) for its flattened arguments."""
+        flat = [self.to_devices(a, shape) for a, shape in zip(args, self.step.arg_shapes)]
+        return [self.from_devices(t) for t in self.run(*flat)]
+
+    def variable_values(self):
+        """The distributed variables' current values, in `step.variables`' order."""
+        return [self.from_devices(self.copies[id(var)].read_value())
+                for var in self.step.variables]
 
     def sync_variables(self):
         """Assigns each distributed variable's current value to the original variable."""
-        for var in self.step.variables:
-            var.assign(self.from_devices(self.copies[id(var)].read_value()))
+        for var, value in zip(self.step.variables, self.variable_values()):
+            var.assign(value)
 
     def feed_captures(self):
         feed = {name: tf.identity(self.copies[id(var)].handle)
@@ -227,23 +270,31 @@ class ParallelStep:
         return feed
 
 
+def _check_unfused(graph_def):
+    if any(node.op == "FusionStitch" for node in graph_def.node) or any(
+            node.op == "FusionStitch" for f in graph_def.library.function
+            for node in f.node_def):
+        raise ValueError(
+            "the step holds FusionStitch ops (tf_fusionstitch.optimize fused it), which "
+            "DTensor cannot partition: it has no layout propagation for them. Run the "
+            "fused step with a pipeline plan (strategy='pipeline'), or parallelize the "
+            "step before optimizing it")
+
+
 class MeshStep(ParallelStep):
     """A data x tensor parallel plan under DTensor (see the module's docstring)."""
 
-    def __init__(self, plan, step, spec):
+    def __init__(self, plan, step, devices=None):
+        """devices: this process's devices of the mesh; None in a DTensor client of
+        several (`dtensor_client_main`), whose mesh spans every client's devices."""
         super().__init__(plan, step)
-        graph_def = step.graph_def
-        if any(node.op == "FusionStitch" for node in graph_def.node) or any(
-                node.op == "FusionStitch" for f in graph_def.library.function
-                for node in f.node_def):
-            raise ValueError(
-                "the step holds FusionStitch ops (tf_fusionstitch.optimize fused it), which "
-                "DTensor cannot partition: it has no layout propagation for them. Run the "
-                "fused step with a pipeline plan (strategy='pipeline'), or parallelize the "
-                "step before optimizing it")
+        _check_unfused(step.graph_def)
         self.layouts = layouts.MeshLayouts(plan)
-        self.mesh = dtensor.create_mesh(self.layouts.mesh_axes,
-                                        devices=[f"CPU:{i}" for i in range(spec.num_devices)])
+        if devices is None:
+            self.mesh = dtensor.create_distributed_mesh(self.layouts.mesh_axes,
+                                                        device_type="CPU")
+        else:
+            self.mesh = dtensor.create_mesh(self.layouts.mesh_axes, devices=devices)
         for var in step.variables:
             value = self.shard(var.read_value(),
                                self.layouts.variable_spec(var.name, var.shape.rank))
@@ -252,6 +303,18 @@ class MeshStep(ParallelStep):
                                                     [None] * value.shape.rank)
                                    for name, value in step.captured_values.items()}
         self.run = step.importer(step.graph_def, self.feed_captures, self.replicated)
+
+    @classmethod
+    def in_client(cls, plan, wire):
+        """The step a DTensor client of several runs: `_Step.wire()`'s step on the mesh of
+        every client's devices."""
+        return cls(plan, _Step.from_wire(wire))
+
+    def shard_shapes(self):
+        """{variable name: the shape of its shard on each of this process's devices}."""
+        return {var.name: [shard.shape.as_list()
+                           for shard in dtensor.unpack(self.copies[id(var)].read_value())]
+                for var in self.step.variables}
 
     def layout(self, spec):
         return dtensor.Layout([axis or dtensor.UNSHARDED for axis in spec], self.mesh)
@@ -268,6 +331,34 @@ class MeshStep(ParallelStep):
 
     def from_devices(self, value):
         return dtensor.unpack(self.replicated(value))[0]
+
+
+class ClientMeshStep(ParallelStep):
+    """A data x tensor parallel plan on a `LocalCluster`'s DTensor clients: each builds the
+    same `MeshStep` from the step's wire form and runs every call (the arguments go to
+    each, whole; DTensor shards them); client 0's outputs and variable values come back."""
+
+    _keys = itertools.count()
+
+    def __init__(self, plan, step, clients):
+        super().__init__(plan, step)
+        _check_unfused(step.graph_def)
+        self.clients = clients
+        self.key = next(self._keys)
+        clients.request("build", self.key, plan, step.wire())
+
+    def run_flat(self, args):
+        outputs = self.clients.request("call", self.key, [a.numpy() for a in args])[0]
+        return [tf.constant(value) for value in outputs]
+
+    def variable_values(self):
+        return [tf.constant(value) for value in self.clients.request("read", self.key)[0]]
+
+    def shard_shapes(self):
+        """{variable name: the shape of its shard on each device of the mesh}."""
+        per_client = self.clients.request("shard_shapes", self.key)
+        return {name: [shape for shapes in per_client for shape in shapes[name]]
+                for name in per_client[0]}
 
 
 class PlacedStep(ParallelStep):

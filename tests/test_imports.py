@@ -16,7 +16,8 @@ TF_FACING = {
     "tf_fusionstitch.planner.tf_functions", "tf_fusionstitch.planner.static_conds",
     "tf_fusionstitch.planner.more_models", "tf_fusionstitch.planner.model_blocks",
     "tf_fusionstitch.planner.parallel", "tf_fusionstitch.planner.local_workers",
-    "tf_fusionstitch.planner.cpu_calibration",
+    "tf_fusionstitch.planner.cpu_calibration", "tf_fusionstitch.planner.dtensor_client_main",
+    "tf_fusionstitch.planner.timing", "tf_fusionstitch.planner.loopback_calibration",
     # the fuzzer: all but its vocabulary (ops) and shape inference (case_types)
     *(f"tf_fusionstitch.tools.fuzzing.{m}" for m in (
         "np_dtypes", "inputs", "tf_graph", "generator", "intervals", "op_errors",

@@ -1,5 +1,7 @@
 """`planner.local_cluster(workers=2)`: data and pipeline plans run on two TensorFlow worker
-processes over localhost gRPC with the single-device losses and variables.
+processes over localhost gRPC, operator (tensor parallel) plans on its two multi-client
+DTensor clients, with the single-device losses and variables; the cluster's spec has the
+loopback link measured on this machine.
 
 Joining a cluster changes a process's TensorFlow context for good, so the checks run in a
 fresh Python process (this file run as a program); its workers stop when it closes the
@@ -11,11 +13,11 @@ import subprocess
 import sys
 
 import parallelize_testlib as lib  # configures the logical devices first
-from parallelize_testlib import einsum_block
 
 import tensorflow as tf
 
 from tf_fusionstitch import planner
+from tf_fusionstitch.planner import dtensor_clients, loopback_calibration
 
 _DONE = "local cluster checks passed"
 
@@ -23,23 +25,38 @@ _DONE = "local cluster checks passed"
 def check_on_two_workers():
     with planner.local_cluster(workers=2, devices_per_worker=1) as cluster:
         case = lib.ParallelStepCase()
+        # Plans are priced with the loopback link measured here (and cached), not assumed.
+        figures = loopback_calibration.cached_record()["figures"]
+        case.assertEqual(cluster.spec.name, "local-2x1xCPU-measured")
+        case.assertEqual(cluster.spec.inter_bandwidth, figures["inter_bandwidth"])
+        case.assertEqual(cluster.spec.inter_latency, figures["inter_latency"])
+        case.assertBetween(figures["inter_bandwidth"], 1e7, 1e12)   # bytes/s
+        case.assertBetween(figures["inter_latency"], 0.0, 0.05)     # seconds
+        print(f"loopback: {figures['inter_bandwidth'] / 1e9:.2f} GB/s, "
+              f"{figures['inter_latency'] * 1e6:.0f} us")
         for strategy in ("data", "pipeline"):
             parallel = case.check_strategy("einsum", strategy, cluster=cluster)
             tasks = {tf.DeviceSpec.from_string(op.device).task
                      for op in case.ops_run(parallel, "einsum") if op.device}
             case.assertEqual(tasks, {0, 1})
-        step, inputs, variables = einsum_block(seed=2)
-        with case.assertRaisesRegex(ValueError, "tensor parallel plans run under DTensor"):
-            planner.parallelize(step, inputs, cluster=cluster, strategy="operator",
-                                variables=variables.values())
-    workers = cluster.processes
+        for model in ("reference", "einsum"):
+            case.check_strategy(model, "operator", cluster=cluster)
+        clients = cluster.clients.processes
+        case.assertLen(clients, 2)
+        # A client's error stops every client (the others may wait in a collective) and
+        # comes back with its traceback.
+        with case.assertRaisesRegex(dtensor_clients.ClientError,
+                                    r"client \d failed(?s:.*)KeyError: .no such step"):
+            cluster.clients.request("call", "no such step", [])
+        case.assertTrue(all(p.poll() is not None for p in clients), "a client outlived an error")
+    workers = cluster.processes + clients
     case.assertTrue(all(p.poll() is not None for p in workers), "a worker outlived close()")
     print(_DONE)
 
 
 class LocalClusterTest(tf.test.TestCase):
 
-    def test_data_and_pipeline_plans_on_two_workers(self):
+    def test_data_pipeline_and_operator_plans_on_two_workers(self):
         here = os.path.dirname(os.path.abspath(__file__))
         tests = os.path.dirname(here)   # where parallelize_testlib is
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
