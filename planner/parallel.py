@@ -86,7 +86,7 @@ def build(fn, example_inputs, cluster, plan=None, search=None, variables=()):
 
     cluster: an `NxCPU` spec (its N logical devices are set up here if TF has not started)
     or a `LocalCluster` (data and pipeline plans run placed on its workers, tensor parallel
-    plans on its DTensor clients).
+    plans, and data plans whose step takes only its global batch, on its DTensor clients).
     variables: tf.Variables `fn` uses only through raw handles (as for `planner.search`).
     """
     spec, remote = run_cluster(cluster)
@@ -102,8 +102,18 @@ def build(fn, example_inputs, cluster, plan=None, search=None, variables=()):
                          f"{plan.tensor_parallel}-way tensor parallel x {plan.num_stages} "
                          f"stages) but cluster {spec.name!r} has {spec.num_devices}")
     step = _Step(graph, graph_def, concrete, variables)
-    # On worker processes, a plan without tensor parallelism runs placed (below).
-    if plan.num_stages == 1 and (not remote or plan.tensor_parallel > 1):
+    pieces = plan.replicas * plan.micro_batches
+    # On worker processes, a plan without tensor parallelism runs placed (below), in
+    # pieces of the batch; a data plan whose step does not take a piece (it reshapes to
+    # its global batch) runs as one SPMD program on the DTensor clients instead.
+    micro, global_batch_only = None, False
+    if remote and plan.num_stages == 1 and plan.tensor_parallel == 1 and pieces > 1 \
+            and plan.micro_batches == 1:
+        try:
+            micro = _micro_batch_step(fn, example_inputs, variables, step, pieces)
+        except ValueError:
+            global_batch_only = True
+    if plan.num_stages == 1 and (not remote or plan.tensor_parallel > 1 or global_batch_only):
         if plan.micro_batches > 1:
             raise ValueError(f"the plan has {plan.micro_batches} micro-batches but no "
                              "pipeline stages: micro-batches run in pipeline plans only")
@@ -115,10 +125,9 @@ def build(fn, example_inputs, cluster, plan=None, search=None, variables=()):
             f"the plan pipelines {plan.num_stages} stages of {plan.tensor_parallel}-way "
             "tensor parallelism: pipeline stages do not run with tensor parallelism yet; "
             "search with strategy='pipeline', 'data' or 'operator'")
-    pieces = plan.replicas * plan.micro_batches
     if pieces == 1:
         return PlacedStep(plan, step, spec)
-    micro, is_split = _micro_batch_step(fn, example_inputs, variables, step, pieces)
+    micro, is_split = micro or _micro_batch_step(fn, example_inputs, variables, step, pieces)
     return PlacedStep(plan, micro, spec, is_split)
 
 

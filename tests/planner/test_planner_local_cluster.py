@@ -1,6 +1,6 @@
 """`planner.local_cluster(workers=2)`: data and pipeline plans run on two TensorFlow worker
-processes over localhost gRPC, operator (tensor parallel) plans on its two multi-client
-DTensor clients, with the single-device losses and variables; the cluster's spec has the
+processes over localhost gRPC, operator (tensor parallel) plans, and data plans of a step
+that takes only its global batch, on its two multi-client DTensor clients, with the single-device losses and variables; the cluster's spec has the
 loopback link measured on this machine.
 
 Joining a cluster changes a process's TensorFlow context for good, so the checks run in a
@@ -41,6 +41,9 @@ def check_on_two_workers():
             case.assertEqual(tasks, {0, 1})
         for model in ("reference", "einsum"):
             case.check_strategy(model, "operator", cluster=cluster)
+        # The reference block reshapes to its global batch, so it does not run in placed
+        # pieces: its data plan runs as one SPMD program on the DTensor clients.
+        case.check_strategy("reference", "data", cluster=cluster)
         clients = cluster.clients.processes
         case.assertLen(clients, 2)
         # A client's error stops every client (the others may wait in a collective) and

@@ -47,6 +47,14 @@ class PlanToolTest(tf.test.TestCase):
         with self.assertRaisesRegex(ValueError, "cannot run on cluster '8xH200'"):
             tool.run("mlp", cluster="8xH200", run_steps=2)
 
+    def test_workers_are_checked_before_anything_starts(self):
+        with self.assertRaisesRegex(ValueError, "give --execute too"):
+            tool.run("mlp", cluster="2xCPU", workers=2)
+        with self.assertRaisesRegex(ValueError, "give one of the two"):
+            tool.run("mlp", cluster="2xCPU", run_steps=2, workers=2, measured_spec=True)
+        with self.assertRaisesRegex(ValueError, "divide the cluster's 3 devices"):
+            tool.run("mlp", cluster="3xCPU", run_steps=2, workers=2)
+
     def test_measured_spec_of_logical_cpus(self):
         result = subprocess.run(
             [sys.executable, "-m", "tf_fusionstitch.tools.plan", "--model=transformer_block",

@@ -16,8 +16,14 @@ has no axis rule for (it treats each of their inputs as needed whole), with coun
 
 --execute builds the reference model with weights, plans its traced step and runs it under
 the plan with `planner.parallelize` on the cluster (`NxCPU`: logical CPU devices of this
-process), and prints the predicted and the measured step time (mean of --steps steps after
-one that traces and compiles). --measured_spec prices an NxCPU cluster with this machine's
+process; with --workers=W, `planner.local_cluster`'s W worker processes on 127.0.0.1 of N/W
+devices each, over gRPC), and prints the predicted and the measured step time (mean of
+--steps steps after one that traces and compiles).
+
+  python -m tf_fusionstitch.tools.plan --model=transformer_block --batch=8 --seq=32 \
+      --hidden=64 --heads=4 --ffn=256 --cluster=2xCPU --workers=2 --strategy=operator \
+      --execute --steps=10
+ --measured_spec prices an NxCPU cluster with this machine's
 measured figures (planner/cpu_calibration.py) instead of assumed ones.
 """
 
@@ -71,6 +77,9 @@ def _define_flags():
     flags.DEFINE_bool("execute", False, "Run the reference model's step under the plan on "
                       "the cluster (NxCPU) and print the measured step time.")
     flags.DEFINE_integer("steps", 5, "--execute: steps timed after the first.")
+    flags.DEFINE_integer("workers", 0, "--execute: run on planner.local_cluster's W worker "
+                         "processes (the NxCPU cluster's devices split evenly over them) "
+                         "instead of this process's logical CPUs; 0: this process.")
     flags.DEFINE_bool("measured_spec", False, "With an NxCPU cluster: plan with this "
                       "machine's measured figures (planner/cpu_calibration.py: measured once, "
                       "then cached) instead of the assumed ones.")
@@ -103,22 +112,40 @@ def coverage_report(graph):
             f"needed whole): {listed}")
 
 
-def execute(model, spec, strategy, search, budget, seed, schedule, fusion, steps, sizes):
-    """Plans the reference `model`'s traced step and runs it under the plan on `spec`.
-    Returns (the IR graph, the plan, measured seconds per step)."""
+def execute(model, spec, strategy, search, budget, seed, schedule, fusion, steps, sizes,
+            workers=0):
+    """Plans the reference `model`'s traced step and runs it under the plan on `spec`, or
+    with `workers`, on a `planner.local_cluster` of that many processes sharing `spec`'s
+    devices. Returns (the IR graph, the plan, measured seconds per step, the cluster's name)."""
     from tf_fusionstitch import planner
-    from tf_fusionstitch.planner import graph_import, parallel, reference_models
+    from tf_fusionstitch.planner import parallel, reference_models
     parallel.run_cluster(spec)
-    planner.use_cpu_devices(spec.num_devices)   # before anything starts TensorFlow
     if model not in reference_models.MODELS:
         raise ValueError(f"--execute runs reference models only "
                          f"({', '.join(reference_models.MODELS)})")
     if steps < 1:
         raise ValueError(f"--steps must be at least 1, got {steps}")
+    if not workers:
+        planner.use_cpu_devices(spec.num_devices)   # before anything starts TensorFlow
+        return (*_run_planned(model, spec, strategy, search, budget, seed, schedule, fusion,
+                              steps, sizes), spec.name)
+    if workers < 2 or spec.num_devices % workers:
+        raise ValueError(f"--workers={workers}: give 2 or more workers that divide the "
+                         f"cluster's {spec.num_devices} devices evenly")
+    with planner.local_cluster(workers=workers,
+                               devices_per_worker=spec.num_devices // workers) as cluster:
+        return (*_run_planned(model, cluster, strategy, search, budget, seed, schedule,
+                              fusion, steps, sizes), cluster.spec.name)
+
+
+def _run_planned(model, cluster, strategy, search, budget, seed, schedule, fusion, steps,
+                 sizes):
+    from tf_fusionstitch import planner
+    from tf_fusionstitch.planner import graph_import, reference_models
     known = reference_models.DEFAULT_SIZES[model]
     step, inputs, variables = reference_models.build_eager(
         model, seed=seed, **{k: v for k, v in sizes.items() if k in known and v is not None})
-    parallel_step = planner.parallelize(step, inputs, cluster=spec, strategy=strategy,
+    parallel_step = planner.parallelize(step, inputs, cluster=cluster, strategy=strategy,
                                         method=search, budget=budget, seed=seed,
                                         schedule=schedule, fusion=fusion,
                                         variables=variables.values())
@@ -133,10 +160,11 @@ def execute(model, spec, strategy, search, budget, seed, schedule, fusion, steps
 
 def run(model, cluster="8xH200", strategy="auto", search="greedy", budget=None, seed=0,
         schedule="1f1b", out=None, function=None, coverage=False, fusion="none",
-        run_steps=None, measured_spec=False, **sizes):
+        run_steps=None, measured_spec=False, workers=0, **sizes):
     """Plans `model` and returns (the printed report, the Plan); writes JSON to `out`.
     With `coverage`, the report also lists the ops on the conservative axis rule. With
-    `run_steps`, the reference model runs under the plan (`execute`) and the report gives
+    `run_steps`, the reference model runs under the plan (`execute`; on a local cluster of
+    `workers` processes when given) and the report gives
     the measured step time; TensorFlow must not have started yet (it needs the cluster's
     logical CPU devices). With `measured_spec`, an NxCPU cluster has this machine's
     measured figures (`cpu_calibration.measured_cluster`).
@@ -148,6 +176,11 @@ def run(model, cluster="8xH200", strategy="auto", search="greedy", budget=None, 
     if unknown:
         raise ValueError(f"unknown size(s) {sorted(unknown)}; sizes are {', '.join(_SIZES)}")
     spec = planner.get_cluster(cluster)
+    if workers and run_steps is None:
+        raise ValueError("--workers says where --execute runs the plan: give --execute too")
+    if workers and measured_spec:
+        raise ValueError("--measured_spec measures this process's logical CPUs; a local "
+                         "cluster (--workers) measures its own link: give one of the two")
     if measured_spec:
         if spec.device_type != "CPU" or spec.nodes != 1:
             raise ValueError(f"--measured_spec measures this machine's logical CPUs: give an "
@@ -155,8 +188,8 @@ def run(model, cluster="8xH200", strategy="auto", search="greedy", budget=None, 
         from tf_fusionstitch.planner import cpu_calibration
         spec = cpu_calibration.measured_cluster(spec.num_devices)
     if run_steps is not None:
-        graph, plan, measured = execute(model, spec, strategy, search, budget, seed, schedule,
-                                        fusion, run_steps, sizes)
+        graph, plan, measured, ran_on = execute(model, spec, strategy, search, budget, seed,
+                                                schedule, fusion, run_steps, sizes, workers)
     else:
         graph = _load_graph(model, sizes, function)
         plan = planner.search_graph(graph, spec, strategy, search, budget, seed, schedule,
@@ -164,7 +197,7 @@ def run(model, cluster="8xH200", strategy="auto", search="greedy", budget=None, 
     lines = [graph.summary(), str(plan)]
     if run_steps is not None:
         lines.append(f"predicted step time {plan.predicted_step_time * 1e3:.3f} ms, measured "
-                     f"{measured * 1e3:.3f} ms (mean of {run_steps} steps on {spec.name})")
+                     f"{measured * 1e3:.3f} ms (mean of {run_steps} steps on {ran_on})")
     if coverage:
         lines.insert(1, coverage_report(graph))
     if out:
@@ -181,7 +214,8 @@ def main(argv):
         text, _ = run(FLAGS.model, FLAGS.cluster, FLAGS.strategy, FLAGS.search, FLAGS.budget,
                       FLAGS.seed, FLAGS.schedule, FLAGS.out, FLAGS.function,
                       FLAGS.coverage, FLAGS.fusion, FLAGS.steps if FLAGS.execute else None,
-                      FLAGS.measured_spec, **{k: getattr(FLAGS, k) for k in _SIZES})
+                      FLAGS.measured_spec, FLAGS.workers,
+                      **{k: getattr(FLAGS, k) for k in _SIZES})
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     print(text)
