@@ -3,9 +3,16 @@
 `optimize` needs TensorFlow; the fusion IR, schedule, codegen and runtime
 submodules do not, so they import on machines without it (docs/DESIGN.md,
 "TF-free core").
+
+Importing it registers the FusionStitch op with TensorFlow (at once if
+TensorFlow is imported, else as soon as it is; op_registration.py), so that
+SavedModels with fused kernels load with `tf.saved_model.load`.
 """
 
+from tf_fusionstitch import op_registration
+
 __version__ = "0.1.0"
+op_registration.register_with_tensorflow()
 
 
 def __getattr__(name):
