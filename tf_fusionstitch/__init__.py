@@ -20,6 +20,9 @@ def __getattr__(name):
     if name in ("optimize", "OptimizedFunction"):
         from tf_fusionstitch import api
         return getattr(api, name)
+    if name == "SavedModelConverter":
+        from tf_fusionstitch import saved_model_converter
+        return saved_model_converter.SavedModelConverter
     if name == "memory_intensive_kernels":  # for benchmarks: count any GraphDef
         from tf_fusionstitch.rewriters import kernel_count
         return kernel_count.memory_intensive_kernels
