@@ -3,8 +3,9 @@ converted (SavedModelConverter and the convert tool), saved and loaded in a fres
 process; a tf.Module holding an optimized function saved directly; SavedModels
 whose specs were edited refused at load, naming the node.
 
-One fresh process checks every saved model (a TensorFlow start is seconds); the
-tool's conversion runs beside the in-process one.
+One fresh process checks every saved model (a TensorFlow start is seconds), with
+no C++ compiler on its PATH where $CXX is unset (a serving host with a warm
+cache); the tool's conversion runs beside the in-process one.
 """
 
 import json
@@ -43,6 +44,12 @@ for name in ("converted", "converted_by_tool"):
         x = np.load(f"{work}/x{batch}.npy")
         (y,) = serve(keras_tensor=x).values()
         out["outputs"][f"{name}/{batch}"] = y.numpy().tolist()
+plain = tf.saved_model.load(f"{work}/plain_converted")
+x = np.load(f"{work}/m2.npy")
+out["plain"] = plain.signatures["serving_default"](x=x)["y"].numpy().tolist()
+out["plain_project"] = plain.signatures["project"](
+    x=x, m=np.ones((8, 4), np.float32))["output_0"].numpy().tolist()
+out["plain_asset"] = open(plain.vocab.asset_path.numpy().decode()).read()
 module = tf.saved_model.load(f"{work}/module")
 out["module"] = [module.f(np.load(f"{work}/m{b}.npy")).numpy().tolist() for b in (2, 5)]
 for name in ("edited_constant", "injected_name", "injected_constant"):
@@ -68,6 +75,31 @@ class Scaled(tf.Module):
             return tf.nn.softmax(y - tf.reduce_mean(y, axis=1, keepdims=True), axis=1)
         self.reference = f
         self.f = fs.optimize(f)
+
+
+class Plain(tf.Module):
+    """A tf.Module as tf.saved_model.save writes it: a variable, an asset, a
+    signature that fuses and one that does not (a lone matmul)."""
+
+    def __init__(self, vocab_path):
+        super().__init__()
+        self.w = tf.Variable(np.linspace(-1.0, 1.0, 8, dtype=np.float32))
+        self.vocab = tf.saved_model.Asset(vocab_path)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32)])
+        def normalize(x):
+            y = tf.tanh(x * self.w)
+            return {"y": tf.nn.softmax(y - tf.reduce_mean(y, axis=1, keepdims=True), axis=1)}
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32),
+                                      tf.TensorSpec([8, 4], tf.float32)])
+        def project(x, m):
+            return tf.matmul(x, m)
+        self.normalize, self.project = normalize, project
+
+    def signatures(self):
+        return {"serving_default": self.normalize.get_concrete_function(),
+                "project": self.project.get_concrete_function()}
 
 
 def fusion_nodes(saved_model_dir):
@@ -147,6 +179,13 @@ def round_trip(tmp_path_factory):
         module.f(module_inputs[0])
         tf.saved_model.save(module, str(work / "module"))
 
+        (work / "vocab.txt").write_text("alpha\nbeta\n")
+        plain = Plain(str(work / "vocab.txt"))
+        tf.saved_model.save(plain, str(work / "plain"), signatures=plain.signatures())
+        plain_converter = fs.SavedModelConverter(str(work / "plain"))
+        plain_converter.convert()
+        plain_converter.save(str(work / "plain_converted"))
+
         edited = {name: edited_copy(work / "converted", work / name, edit)
                   for name, edit in (("edited_constant", edit_constant),
                                      ("injected_name", inject_name),
@@ -155,13 +194,20 @@ def round_trip(tmp_path_factory):
     finally:
         tool.kill()
     assert tool.returncode == 0, tool_output
+    env = dict(os.environ)
+    if not env.get("CXX"):
+        # A serving host without a compiler: the warm cache (this session's,
+        # filled by the default compiler) serves the op library and every kernel.
+        env["PATH"] = str(work / "no_compiler_here")
     loaded = subprocess.run([sys.executable, "-c", _LOAD_AND_RUN % {"batches": BATCHES},
                              str(work)], cwd=repo_paths.REPO, capture_output=True, text=True,
-                            timeout=300)
+                            timeout=300, env=env)
     results = [line for line in loaded.stdout.splitlines() if line.startswith("RESULT ")]
     assert loaded.returncode == 0 and results, loaded.stdout + loaded.stderr
     return dict(
         work=work, converter=converter, tool_output=tool_output, edited=edited,
+        plain_summary=plain_converter.summary(),
+        plain_expected=plain.normalize(module_inputs[0])["y"].numpy(),
         expected={b: model.inference(x).numpy() for b, x in inputs.items()},
         module_expected=[module.reference(x).numpy() for x in module_inputs],
         fresh=json.loads(results[-1][len("RESULT "):]))
@@ -195,6 +241,20 @@ def test_a_module_with_an_optimized_function_saves_directly(round_trip):
     assert nodes
     for got, want in zip(round_trip["fresh"]["module"], round_trip["module_expected"]):
         np.testing.assert_allclose(np.array(got, np.float32), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_module_s_saved_model_converts_keeping_variables_assets_and_unfused_signatures(
+        round_trip):
+    summary = round_trip["plain_summary"]
+    assert "serving_default: converted" in summary, summary
+    assert "project: kept as it was: nothing in it fuses" in summary, summary
+    fresh = round_trip["fresh"]
+    np.testing.assert_allclose(np.array(fresh["plain"], np.float32),
+                               round_trip["plain_expected"], rtol=1e-5, atol=1e-6)
+    x = np.load(round_trip["work"] / "m2.npy")
+    np.testing.assert_allclose(np.array(fresh["plain_project"], np.float32),
+                               x @ np.ones((8, 4), np.float32), rtol=1e-5, atol=1e-5)
+    assert fresh["plain_asset"] == "alpha\nbeta\n"
 
 
 def test_an_edited_spec_is_refused_at_load_naming_the_node(round_trip):
