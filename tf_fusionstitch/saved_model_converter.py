@@ -115,8 +115,8 @@ class SavedModelConverter:
                     if a.size:
                         s.max_difference = max(s.max_difference, float(np.max(np.abs(
                             a.astype(np.float64) - b.astype(np.float64)))))
-                s.built.append(", ".join(f"{n}{list(np.shape(feeds[n]))}"
-                                         for n in s.input_names))
+                shapes = ", ".join(f"{n}{list(np.shape(feeds[n]))}" for n in s.input_names)
+                s.built.append(shapes if len(s.input_names) == 1 else f"({shapes})")
                 ran = True
             if not ran:
                 raise ValueError("build: no converted signature takes the inputs "
@@ -159,7 +159,9 @@ class SavedModelConverter:
             return original(**dict(zip(names, values)))
         optimized = api.optimize(tf.function(by_position, input_signature=specs,
                                              autograph=False), **self._options)
-        report = optimized.prepare(*specs)
+        # The version that assumes nothing of input sizes: right for any batch.
+        generic = optimized.get_concrete_function(*specs)
+        report = optimized.report()
         if report is None or report.failure:
             reason = report.failure if report is not None else "it was not traced"
             return ConvertedSignature(key, names, original, original, report,
@@ -169,7 +171,7 @@ class SavedModelConverter:
                                       "nothing in it fuses (no FusionStitch kernel)")
 
         def by_name(**inputs):
-            return optimized(*[inputs[n] for n in names])
+            return generic(*[inputs[n] for n in names])
         function = tf.function(by_name, autograph=False).get_concrete_function(
             **{n: tf.TensorSpec(s.shape, s.dtype, name=n) for n, s in zip(names, specs)})
         return ConvertedSignature(key, names, function, original, report)

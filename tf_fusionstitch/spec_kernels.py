@@ -76,28 +76,26 @@ class Resolver:
         self._register = register
         self._timeout = timeout
         self._lock = threading.Lock()
-        self._pending: Dict[str, str] = {}    # key -> spec, checked and not yet built
+        self._pending: Dict[str, ir.Cluster] = {}   # checked, not yet built, by key
 
     def check(self, key: str, spec: str) -> None:
-        checked_cluster(spec, key)
+        cluster = checked_cluster(spec, key)
         with self._lock:
-            self._pending[key] = spec
+            self._pending[key] = cluster
 
     def build(self, key: str, spec: str) -> None:
         """Registers the kernel of (key, spec), and of every pending one with it."""
-        checked_cluster(spec, key)
+        cluster = checked_cluster(spec, key)
         with self._lock:
-            self._pending[key] = spec
-            pairs = [(s, k) for k, s in self._pending.items()]
+            self._pending[key] = cluster
+            keys, clusters = list(self._pending), list(self._pending.values())
             self._pending.clear()
-            clusters = [ir.Cluster.from_json(s) for s, _ in pairs]
             built = kernels.build_cpu_kernels(clusters, timeout=self._timeout)
             failure = None
-            for (s, k), kernel in zip(pairs, built):
+            for k, kernel in zip(keys, built):
                 if isinstance(kernel, Exception):
-                    if k == key:
-                        failure = kernel
-                    continue
-                self._register(kernel)
+                    failure = kernel if k == key else failure
+                else:
+                    self._register(kernel)
         if failure is not None:
             raise failure
