@@ -148,7 +148,12 @@ def captured_variable_types(concrete) -> dict:
     """{(Placeholder, 0): the value type it holds} for the trace's inputs that
     are captured variables' handles: the GraphDef does not say, and a function
     the trace calls (a restored SavedModel function) may read them."""
-    variables = {id(v.handle): v for v in concrete.variables}
+    variables = {}
+    for v in concrete.variables:
+        try:
+            variables[id(v.handle)] = v
+        except Exception:  # noqa: BLE001  (a variable without one handle: not a hint)
+            continue
     out = {}
     for external, internal in concrete.graph.captures:
         v = variables.get(id(external))

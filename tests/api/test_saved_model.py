@@ -186,10 +186,11 @@ def round_trip(tmp_path_factory):
         plain_converter.convert()
         plain_converter.save(str(work / "plain_converted"))
 
-        edited = {name: edited_copy(work / "converted", work / name, edit)
-                  for name, edit in (("edited_constant", edit_constant),
-                                     ("injected_name", inject_name),
-                                     ("injected_constant", inject_constant))}
+        # The zoo model's spec edited; code injected into the small module's.
+        edited = {name: edited_copy(work / source, work / name, edit)
+                  for name, source, edit in (("edited_constant", "converted", edit_constant),
+                                             ("injected_name", "module", inject_name),
+                                             ("injected_constant", "module", inject_constant))}
         tool_output, _ = tool.communicate(timeout=300)
     finally:
         tool.kill()
