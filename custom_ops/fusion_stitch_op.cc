@@ -7,8 +7,13 @@
 // with the kernel's symbol in a library.
 // The graph never carries code: Python (tf_fusionstitch.optimize) validates the
 // spec, generates and compiles the kernel, and registers it in this process
-// under `kernel_key` with fs_register_kernel(). The op refuses to run when the
-// key is unknown or the node's spec differs from the one registered.
+// under `kernel_key` with fs_register_kernel(). A graph that arrives from
+// elsewhere (a SavedModel) names keys this process has not registered: the
+// resolver Python installs (fs_set_resolver) checks each such node's spec when
+// the node enters a graph (the shape function: a spec refused there fails the
+// graph's construction, naming the node) and builds and registers the kernels
+// when the first of them runs. The op refuses to run when the key is unknown
+// and cannot be resolved, or the node's spec differs from the one registered.
 //
 // The op is stateless: outputs depend only on inputs and attributes, so
 // TensorFlow may deduplicate, reorder or constant-fold it like any pure op.
@@ -21,6 +26,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -50,6 +56,14 @@ using RunFn = void (*)(int64_t begin, int64_t end, const int64_t* ext,
 // Optional: validates the inputs' values (a segment sum's ids) before fs_run.
 using CheckFn = int (*)(const int64_t* ext, void* const* in_bufs, char* err,
                         int64_t errlen);
+// Python's resolver (custom_ops/loader.py) for keys not registered here.
+// stage kCheckSpec: the spec is validated and its key must be its hash;
+// stage kBuildKernels: that kernel, and every other checked one, is built and
+// registered. Returns 0, or non-zero with the reason in err.
+using ResolveFn = int (*)(int stage, const char* key, const char* spec, char* err,
+                          int64_t errlen);
+constexpr int kCheckSpec = 0;
+constexpr int kBuildKernels = 1;
 
 // A registered kernel, with fs_meta decoded once. Never unloaded: op kernels
 // hold pointers into it for the life of the process.
@@ -79,6 +93,14 @@ std::unordered_map<std::string, std::shared_ptr<const LoadedKernel>>& Registry()
 
 thread_local std::string last_error;
 
+std::atomic<ResolveFn> resolver{nullptr};
+// Specs the resolver accepted, by key: shape inference runs again and again
+// (every function instantiation), and Python is asked once per key.
+std::unordered_map<std::string, std::string>& Checked() {
+  static auto* checked = new std::unordered_map<std::string, std::string>();
+  return *checked;
+}
+
 int Fail(const std::string& message) {
   last_error = message;
   return 1;
@@ -88,6 +110,42 @@ std::shared_ptr<const LoadedKernel> Lookup(const std::string& key) {
   std::lock_guard<std::mutex> lock(registry_mu);
   auto it = Registry().find(key);
   return it == Registry().end() ? nullptr : it->second;
+}
+
+// Asks the resolver; "" when it accepted, else its reason.
+std::string Resolve(int stage, const std::string& key, const std::string& spec) {
+  const ResolveFn fn = resolver.load();
+  if (fn == nullptr) {
+    return "no resolver is installed (import tf_fusionstitch in this process)";
+  }
+  char err[kErrLen] = {0};
+  const int rc = fn(stage, key.c_str(), spec.c_str(), err, kErrLen);
+  err[kErrLen - 1] = '\0';
+  if (rc == 0) return "";
+  return err[0] ? std::string(err) : std::string("refused");
+}
+
+// At graph construction: a node whose kernel is neither registered nor
+// checked has its spec checked now, so a bad one fails the graph's import
+// (naming the node) before anything is compiled. Without a resolver the
+// check waits for the kernel's construction.
+absl::Status CheckSpec(const std::string& key, const std::string& spec) {
+  {
+    std::lock_guard<std::mutex> lock(registry_mu);
+    auto it = Registry().find(key);
+    if (it != Registry().end() && it->second->spec == spec) return absl::OkStatus();
+    auto seen = Checked().find(key);
+    if (seen != Checked().end() && seen->second == spec) return absl::OkStatus();
+  }
+  if (resolver.load() == nullptr) return absl::OkStatus();
+  const std::string why = Resolve(kCheckSpec, key, spec);
+  if (!why.empty()) {
+    return errors::InvalidArgument("FusionStitch: the fusion spec of kernel '", key,
+                                   "' is refused: ", why);
+  }
+  std::lock_guard<std::mutex> lock(registry_mu);
+  Checked()[key] = spec;
+  return absl::OkStatus();
 }
 
 bool SupportedDtype(DataType t) {
@@ -239,6 +297,10 @@ REGISTER_OP("FusionStitch")
             "FusionStitch: output_shapes has ", shapes.size(),
             " entries but Tout has ", c->num_outputs());
       }
+      std::string key, spec;
+      TF_RETURN_IF_ERROR(c->GetAttr("kernel_key", &key));
+      TF_RETURN_IF_ERROR(c->GetAttr("spec", &spec));
+      TF_RETURN_IF_ERROR(fusion_stitch::CheckSpec(key, spec));
       for (int i = 0; i < c->num_outputs(); ++i) {
         ShapeHandle h;
         TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[i], &h));
@@ -259,15 +321,21 @@ class FusionStitchOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("output_shapes", &output_shapes_));
 
     kernel_ = fusion_stitch::Lookup(key_);
+    std::string why;
+    if (kernel_ == nullptr) {
+      // A graph from elsewhere (a SavedModel): built from its validated spec.
+      why = fusion_stitch::Resolve(fusion_stitch::kBuildKernels, key_, spec);
+      kernel_ = fusion_stitch::Lookup(key_);
+    }
     OP_REQUIRES(
         ctx, kernel_ != nullptr,
         errors::FailedPrecondition(
             "FusionStitch kernel '", key_, "' (node ", name(),
-            ") is not loaded in this process. Graphs with FusionStitch nodes "
-            "are produced and loaded by tf_fusionstitch.optimize, which "
-            "compiles and registers their kernels; call "
-            "tf_fusionstitch.optimize on the original function in this "
-            "process rather than importing a rewritten graph."));
+            ") is not loaded in this process and cannot be built from the "
+            "node's spec: ", why.empty() ? "it was not registered" : why,
+            ". Graphs with FusionStitch nodes come from tf_fusionstitch.optimize "
+            "or a SavedModel that tf_fusionstitch converted; import "
+            "tf_fusionstitch before loading one."));
     // Never trust the graph: the node must carry the spec the kernel was
     // generated from.
     OP_REQUIRES(ctx, kernel_->spec == spec,
@@ -419,6 +487,13 @@ __attribute__((visibility("default"))) int fs_register_kernel(const char* key,
                                                               const char* spec,
                                                               const char* symbol) {
   return tensorflow::fusion_stitch::Register(key, so_path, spec, symbol);
+}
+
+// Installs the resolver for keys this process has not registered (nullptr
+// removes it).
+__attribute__((visibility("default"))) void fs_set_resolver(
+    tensorflow::fusion_stitch::ResolveFn fn) {
+  tensorflow::fusion_stitch::resolver.store(fn);
 }
 
 // The last fs_register_kernel error on this thread.

@@ -3,7 +3,11 @@
 The library is compiled from fusion_stitch_op.cc (next to this file) against
 the installed TensorFlow, cached like kernels, and loaded once per process.
 Kernels are registered through ctypes on the very same library file, so the
-dlopen handle, and with it the C++ kernel registry, is the op's own.
+dlopen handle, and with it the C++ kernel registry, is the op's own. Loading
+also installs the op's resolver: a FusionStitch node whose kernel this process
+has not registered (a loaded SavedModel's) has its spec checked when it
+enters a graph and its kernel built from that spec when it first runs
+(tf_fusionstitch/spec_kernels.py).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import tempfile
 import threading
 from types import ModuleType
 
-from tf_fusionstitch import tensorflow_requirement
+from tf_fusionstitch import spec_kernels, tensorflow_requirement
 
 # Before TensorFlow loads: an unsupported or missing one fails here, saying what to install.
 tensorflow_requirement.check()
@@ -31,6 +35,10 @@ BUILD_TIMEOUT_S = 600  # TF's headers are heavy: ~10 s normally, far more on a l
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _cdll: ctypes.CDLL | None = None
+# int resolve(int stage, const char* key, const char* spec, char* err, int64 errlen)
+_RESOLVE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p,
+                               ctypes.c_void_p, ctypes.c_int64)
+CHECK_SPEC, BUILD_KERNELS = 0, 1   # the op's stages (fusion_stitch_op.cc)
 
 
 def load() -> ModuleType:
@@ -49,8 +57,34 @@ def load() -> ModuleType:
             cdll.fs_register_kernel.restype = ctypes.c_int
             cdll.fs_last_error.argtypes = []
             cdll.fs_last_error.restype = ctypes.c_char_p
+            cdll.fs_set_resolver.argtypes = [_RESOLVE_FN]
+            cdll.fs_set_resolver.restype = None
+            cdll.fs_set_resolver(_resolve_callback)
             _module, _cdll = module, cdll
         return _module
+
+
+def _register_compiled(kernel) -> None:
+    register_kernel(kernel.key, kernel.path, kernel.spec, kernel.symbol)
+
+
+_resolver = spec_kernels.Resolver(_register_compiled)
+
+
+def _resolve(stage: int, key: bytes, spec: bytes, err: int, errlen: int) -> int:
+    """The op's resolver. Called from C++: it never raises, it says why."""
+    try:
+        (_resolver.check if stage == CHECK_SPEC else _resolver.build)(
+            key.decode("utf-8"), spec.decode("utf-8"))
+        return 0
+    except Exception as e:  # noqa: BLE001  (the op reports it, naming the node)
+        message = f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:errlen - 1]
+        ctypes.memmove(err, message + b"\0", len(message) + 1)
+        return 1
+
+
+# Kept alive here: the op holds only the pointer.
+_resolve_callback = _RESOLVE_FN(_resolve)
 
 
 def register_kernel(key: str, so_path: str | os.PathLike, spec: str,

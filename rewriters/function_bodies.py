@@ -143,13 +143,15 @@ def _digest(fdef) -> str:
 
 
 def rewrite_function_bodies(graph_def, types, run_pass: RunPass, functions: FunctionGraphs,
-                            call_facts: Dict[str, Dict[str, tuple]]):
+                            call_facts: Dict[str, Dict[str, tuple]],
+                            input_handles: Optional[Dict[Tensor, ir.TensorType]] = None):
     """Runs `run_pass` inside every function `graph_def` calls. Returns (new
     GraphDef, [FunctionReport], {function name: PassResult} of the rewritten
     functions). `types` are the graph's own tensor types; `functions`
     converts the library's functions; `call_facts` is what the graph proves
     of each call's arguments (PassResult.call_facts), which the pass inside
-    may take as given."""
+    may take as given; `input_handles` what the graph's own resource inputs
+    hold (captured variables), where known."""
     from tf_fusionstitch.rewriters.graph_view import GraphView
 
     library = graph_def.library
@@ -286,7 +288,7 @@ def rewrite_function_bodies(graph_def, types, run_pass: RunPass, functions: Func
         report.fused_clusters = n_fused
         return rets[fname]
 
-    trampoline.run(walk("", graph_def, types, {}, call_facts))
+    trampoline.run(walk("", graph_def, types, dict(input_handles or {}), call_facts))
 
     if not new_defs:
         return graph_def, list(reports.values()), results

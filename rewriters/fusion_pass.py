@@ -191,7 +191,8 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
                     build: Callable[[List[ir.Cluster]], list],
                     options: FusionOptions = FusionOptions(),
                     costs: Optional[Dict] = None, costs_source: str = "builtin",
-                    input_equalities: Optional[decided_shapes.InputEqualities] = None
+                    input_equalities: Optional[decided_shapes.InputEqualities] = None,
+                    variable_types: Optional[Dict[Tensor, ir.TensorType]] = None
                     ) -> PassResult:
     """`build(clusters)` returns, per cluster, an object with .key/.spec/
     .num_loops/.buffered/.parts (kernels.CompiledKernel) made runnable, or the
@@ -201,7 +202,10 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
     delta evaluator's costs (cpu_cost_model.py; BUILTIN if None) and
     `costs_source` where they came from, for the report; `input_equalities`:
     equal input sizes the pass may assume in the graph's own nodes
-    (decided_shapes.py), and where it reports those it relied on."""
+    (decided_shapes.py), and where it reports those it relied on;
+    `variable_types`: what the graph's resource inputs hold (a captured
+    variable's value type), for the functions that read them: a restored
+    SavedModel function reads its variables in a body the graph calls."""
     strategy = strategies.STRATEGIES[options.fusion]
 
     before = memory_intensive_kernels(graph_def)   # the graph TF would run
@@ -231,7 +235,8 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
         return result
     try:
         new_gd, functions, body_results = function_bodies.rewrite_function_bodies(
-            result.graph_def, types, run_pass, library, result.call_facts)
+            result.graph_def, types, run_pass, library, result.call_facts,
+            variable_types or {})
     except Exception as e:  # noqa: BLE001  (never worse than not using it)
         result.clusters.append(ClusterReport(
             "function bodies", [], False,

@@ -3,9 +3,16 @@
 `optimize` needs TensorFlow; the fusion IR, schedule, codegen and runtime
 submodules do not, so they import on machines without it (docs/DESIGN.md,
 "TF-free core").
+
+Importing it registers the FusionStitch op with TensorFlow (at once if
+TensorFlow is imported, else as soon as it is; op_registration.py), so that
+SavedModels with fused kernels load with `tf.saved_model.load`.
 """
 
+from tf_fusionstitch import op_registration
+
 __version__ = "0.1.0"
+op_registration.register_with_tensorflow()
 
 
 def __getattr__(name):
@@ -13,6 +20,9 @@ def __getattr__(name):
     if name in ("optimize", "OptimizedFunction"):
         from tf_fusionstitch import api
         return getattr(api, name)
+    if name == "SavedModelConverter":
+        from tf_fusionstitch import saved_model_converter
+        return saved_model_converter.SavedModelConverter
     if name == "memory_intensive_kernels":  # for benchmarks: count any GraphDef
         from tf_fusionstitch.rewriters import kernel_count
         return kernel_count.memory_intensive_kernels

@@ -37,8 +37,13 @@ from tf_fusionstitch.report import Report
 from tf_fusionstitch.versions import Version, Versions
 
 
-class OptimizedFunction:
-    """Callable like the original; `.report()` and `.graph_def` show the rewrite."""
+class OptimizedFunction(tf.__internal__.tracking.Trackable):
+    """Callable like the original; `.report()` and `.graph_def` show the rewrite.
+
+    Trackable so that `tf.saved_model.save` of a tf.Module holding one saves
+    it: as its `__call__`, the version that assumes nothing about input sizes
+    (the object loads back callable, its FusionStitch nodes built from their
+    specs, tf_fusionstitch/spec_kernels.py)."""
 
     def __init__(self, fn, options: FusionOptions):
         self._original = fn
@@ -100,6 +105,11 @@ class OptimizedFunction:
         if choice.choice is not None and version.report is not None:
             version.report.choice = choice.summary()
         return result
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        if getattr(save_type, "value", save_type) != "savedmodel":
+            return {}   # no state of its own: the original's variables are the module's
+        return {"__call__": self._versions.generic.fn}
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """With optimize(..., background=True): waits until the rewrite the

@@ -24,8 +24,8 @@ verified on every read), in $TF_FUSIONSTITCH_CACHE_DIR when set.
 
 A hit is trusted only as far as it re-checks: every FusionStitch node's kernel
 (in the graph or in a function of its library) is regenerated from the fusion
-spec in its `spec` attribute (compiled only if the kernel cache lacks it), its
-key must equal the node's `kernel_key`, and it is registered with the op
+spec in its `spec` attribute, checked as spec_kernels.py checks a SavedModel's
+(compiled only if the kernel cache lacks it), and it is registered with the op
 library again; rewritten library functions are registered with the eager
 runtime (function_bodies.register_functions). Anything wrong with an entry (absent,
 altered, unparsable, a kernel that fails) makes `load` return None and the
@@ -47,7 +47,7 @@ import pathlib
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from tf_fusionstitch import kernels
+from tf_fusionstitch import kernels, spec_kernels
 from tf_fusionstitch.report import Report
 from tf_fusionstitch.runtime import cache
 
@@ -118,7 +118,6 @@ def load(key: str, register: Callable[[kernels.CompiledKernel], None],
         return None
     try:
         import tensorflow as tf
-        from tf_fusionstitch import fusion_ir as ir
         from tf_fusionstitch.runtime import cpu_compiler
 
         obj = json.loads(data.decode("utf-8"))
@@ -133,20 +132,7 @@ def load(key: str, register: Callable[[kernels.CompiledKernel], None],
             return None
         report = Report.from_json(json.dumps(obj["report"]))
         start, compilations = time.perf_counter(), cpu_compiler.compilations
-        seen = {}
-        nodes = list(graph_def.node)
-        for function in graph_def.library.function:  # FusionStitch nodes in function bodies
-            nodes.extend(function.node_def)
-        for node in nodes:
-            if node.op == "FusionStitch":
-                seen.setdefault((node.attr["spec"].s.decode("utf-8"),
-                                 node.attr["kernel_key"].s.decode("utf-8")), None)
-        wanted = list(seen)
-        built = kernels.build_cpu_kernels([ir.Cluster.from_json(spec) for spec, _ in wanted],
-                                          timeout=timeout)
-        for (spec, kernel_key), kernel in zip(wanted, built):
-            if isinstance(kernel, Exception) or kernel.key != kernel_key or kernel.spec != spec:
-                return None
+        for kernel in spec_kernels.rebuild(spec_kernels.graph_specs(graph_def), timeout):
             register(kernel)
         # Rewritten library functions have new names the eager runtime must know.
         from tf_fusionstitch.rewriters import function_bodies

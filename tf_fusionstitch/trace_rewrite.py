@@ -17,7 +17,9 @@ import warnings
 from typing import List, Tuple
 
 import tensorflow as tf
+from tensorflow.python.eager import context
 
+from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch import graph_check, kernels, rewrite_cache, trace_names
 from tf_fusionstitch.options import FusionOptions
 from tf_fusionstitch.report import PlanGraph, Report
@@ -69,6 +71,7 @@ def rewrite(concrete, inputs: InputSizes, options: FusionOptions, name: str):
     control = [op.name for op in graph.control_outputs]
     # (dtype, shape) per tensor; TensorSpecs, 5x dearer, only if we rewrite
     known = {t.name: (t.dtype, t.shape) for op in graph.get_operations() for t in op.outputs}
+    variables = captured_variable_types(concrete)
     costs, costs_source = None, options.costs
     if options.fusion == "explore":
         costs, costs_source = (cpu_costs.for_this_machine() if costs_source == "calibrated"
@@ -83,8 +86,10 @@ def rewrite(concrete, inputs: InputSizes, options: FusionOptions, name: str):
         key = rewrite_cache.make_key(
             names.canonical(graph_def).SerializeToString(deterministic=True), outputs,
             control,
-            "\n".join(f"{tensor} {dtype.name} {shape}"
-                      for tensor, (dtype, shape) in sorted(known.items())),
+            "\n".join([f"{tensor} {dtype.name} {shape}"
+                       for tensor, (dtype, shape) in sorted(known.items())]
+                      + [f"{name} holds {t.dtype}{list(t.shape)}"
+                         for (name, _), t in sorted(variables.items())]),
             key_options, f"{tf.__version__} {tf.version.GIT_VERSION}")
         entry = rewrite_cache.load(key, register_kernel, timeout=options.compile_timeout,
                                    restore=names.specific)
@@ -108,7 +113,7 @@ def rewrite(concrete, inputs: InputSizes, options: FusionOptions, name: str):
     def build(clusters):
         return build_kernels(clusters, options.compile_timeout)
     result = run_fusion_pass(graph_def, types, fetches, build, options, costs, costs_source,
-                             equalities)
+                             equalities, variables)
     output_names = []
     for tensor in outputs:
         src, port, _ = parse_input(tensor)
@@ -140,6 +145,24 @@ def rewrite(concrete, inputs: InputSizes, options: FusionOptions, name: str):
     return result.graph_def, output_names, report
 
 
+def captured_variable_types(concrete) -> dict:
+    """{(Placeholder, 0): the value type it holds} for the trace's inputs that
+    are captured variables' handles: the GraphDef does not say, and a function
+    the trace calls (a restored SavedModel function) may read them."""
+    variables = {}
+    for v in concrete.variables:
+        try:
+            variables[id(v.handle)] = v
+        except Exception:  # noqa: BLE001  (a variable without one handle: not a hint)
+            continue
+    out = {}
+    for external, internal in concrete.graph.captures:
+        v = variables.get(id(external))
+        if v is not None and v.dtype.name in ir.DTYPES and v.shape.rank is not None:
+            out[(internal.op.name, 0)] = ir.TensorType(v.dtype.name, tuple(v.shape.as_list()))
+    return out
+
+
 def build_kernels(clusters, timeout: float):
     """A registered kernel, or the exception that stopped it, per cluster;
     the missing kernels are compiled several to a compiler run."""
@@ -167,6 +190,7 @@ def import_plan(concrete, n_args: int, feeds, rewritten, output_names):
     # Grappler's specialised functions and rewritten bodies are new to the
     # runtime: an imported library is not registered by the import.
     function_bodies.register_functions(rewritten)
+    rewritten = _with_registered_definitions(rewritten)
     results = tf.graph_util.import_graph_def(
         rewritten, input_map=_input_map(concrete, n_args, feeds, rewritten),
         return_elements=output_names, name="fs")
@@ -174,6 +198,24 @@ def import_plan(concrete, n_args: int, feeds, rewritten, output_names):
     for leaf in tf.nest.flatten(concrete.structured_outputs, expand_composites=True):
         flat.append(next(it) if isinstance(leaf, tf.Tensor) else leaf)
     return tf.nest.pack_sequence_as(concrete.structured_outputs, flat, expand_composites=True)
+
+
+def _with_registered_definitions(graph_def):
+    """`graph_def` with each library function the eager runtime already knows
+    in the runtime's definition. The plan's copy can differ in its details
+    (a restored SavedModel function's attributes), and tf.saved_model.save
+    refuses two definitions under one name; rewritten functions have new names."""
+    ctx = context.context()
+    known = [i for i, f in enumerate(graph_def.library.function)
+             if ctx.has_function(f.signature.name)]
+    if not known:
+        return graph_def
+    out = tf.compat.v1.GraphDef()
+    out.CopyFrom(graph_def)
+    for i in known:
+        out.library.function[i].CopyFrom(
+            ctx.get_function_def(out.library.function[i].signature.name))
+    return out
 
 
 def _input_map(concrete, n_args: int, feeds, rewritten) -> dict:

@@ -258,6 +258,14 @@ def test_missing_compiler_says_how_to_fix(monkeypatch):
     assert isinstance(info.value, RuntimeError)
 
 
+def test_a_warm_cache_serves_without_a_compiler(isolated_cache, monkeypatch):
+    built = cpu_compiler.compile_shared_object(ROW_SUM_KERNEL)
+    monkeypatch.setenv("PATH", str(isolated_cache / "no_compiler_here"))
+    assert cpu_compiler.compile_shared_object(ROW_SUM_KERNEL) == built
+    with pytest.raises(cpu_compiler.CompilerNotFound, match="'g\\+\\+'"):
+        cpu_compiler.compile_shared_object(ROW_SUM_KERNEL + "// not in the cache\n")
+
+
 def test_failing_compiler_raises_compile_error(monkeypatch):
     monkeypatch.setenv("CXX", "false")
     with pytest.raises(cpu_compiler.CompileError, match="exited with status 1") as info:

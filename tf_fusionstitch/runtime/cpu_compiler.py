@@ -4,11 +4,19 @@ The compiler is `$CXX` (may carry arguments, e.g. "ccache g++") or `g++`.
 The cache key covers everything that changes the binary: source, flags, the
 compiler's full version and the host CPU's feature flags (because of
 -march=native), so a cache directory shared between machines is safe.
+
+A host without a compiler can still use a warm cache: the cache records what
+it knows of the default compiler (`g++`, $CXX unset: its version and whether
+it takes -march=native) whenever that compiler builds a key, and where $CXX is
+unset and no g++ is on PATH the keys are computed from that record; only a
+build then fails, with CompilerNotFound (a serving host that loads a
+converted SavedModel, README "SavedModels").
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import pathlib
 import platform
@@ -65,11 +73,11 @@ def compile_shared_object(source: str, *, extra_flags: Sequence[str] = (),
     if isinstance(extra_flags, str):
         raise TypeError(f"extra_flags must be a sequence of flags, not the string "
                         f"{extra_flags!r}; write extra_flags=[{extra_flags!r}]")
-    command = compiler_command()
     flags, extra = _flags(timeout), [str(flag) for flag in extra_flags]
 
     def build(out_path: pathlib.Path) -> None:
         global compilations
+        command = compiler_command()   # only a build needs one: a warm cache serves without
         with tempfile.TemporaryDirectory(prefix="tf_fusionstitch-src-") as tmp:
             src = pathlib.Path(tmp) / "kernel.cc"
             src.write_text(source, encoding="utf-8")
@@ -113,12 +121,57 @@ def compiler_command() -> list[str]:
 
 def compiler_identity(timeout: float = _PROBE_TIMEOUT_S) -> str:
     """The compiler's full version text (part of every cache key)."""
+    recorded = _recorded_default()
+    if recorded is not None:
+        return recorded["identity"]
     return _identity(tuple(compiler_command()), timeout)
 
 
 def host_arch_flags(timeout: float = _PROBE_TIMEOUT_S) -> tuple[str, ...]:
     """('-march=native',) when the compiler accepts it, else ()."""
-    return _arch_flags(tuple(compiler_command()), timeout)
+    recorded = _recorded_default()
+    if recorded is not None:
+        return tuple(recorded["arch_flags"])
+    flags = _arch_flags(tuple(compiler_command()), timeout)
+    if not os.environ.get("CXX", "").strip():
+        _record_default(compiler_identity(timeout), flags)
+    return flags
+
+
+_DEFAULT_RECORD = ("default-compiler", ".json")   # a cache entry: key, suffix
+
+
+def _recorded_default() -> dict | None:
+    """The cache's record of the default compiler, where $CXX is unset and no
+    g++ is on PATH (else None: the compiler answers for itself)."""
+    if os.environ.get("CXX", "").strip() or shutil.which("g++") is not None:
+        return None
+    try:
+        data = cache.read_verified(*_DEFAULT_RECORD)
+        record = json.loads(data) if data is not None else None
+    except (cache.CacheError, OSError, ValueError):
+        return None
+    if not (isinstance(record, dict) and isinstance(record.get("identity"), str)
+            and isinstance(record.get("arch_flags"), list)
+            and all(isinstance(f, str) for f in record["arch_flags"])):
+        return None
+    return record
+
+
+def _record_default(identity: str, arch_flags: tuple[str, ...]) -> None:
+    try:
+        _write_record(str(cache.cache_dir()), identity, arch_flags)
+    except (cache.CacheError, OSError):
+        pass   # without the record, a host with no compiler only misses the cache
+
+
+@functools.lru_cache(maxsize=None)
+def _write_record(directory: str, identity: str, arch_flags: tuple[str, ...]) -> None:
+    """Once per process and cache directory (`directory`: the lookup key)."""
+    data = json.dumps({"identity": identity, "arch_flags": list(arch_flags)},
+                      sort_keys=True).encode("utf-8")
+    if cache.read_verified(*_DEFAULT_RECORD) != data:
+        cache.write_verified(*_DEFAULT_RECORD, data)
 
 
 def cpu_fingerprint() -> str:
