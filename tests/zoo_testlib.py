@@ -52,6 +52,8 @@ from typing import Dict, List, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tf_fusionstitch.rewriters import remapper_epilogues
+
 # Measured on the zoo at tiny sizes (tests/models/test_zoo.py): a correct plan's
 # distance from TF is up to 3.5x the floor; 8x leaves room for that spread,
 # while one fused kernel off by a relative 1e-5 moves some variable of a
@@ -244,6 +246,16 @@ def mismatched_outputs(tf_out: Sequence, refs: Sequence[Sequence], fs_out: Seque
 
 def flat_outputs(outputs) -> List[tf.Tensor]:
     return [t for t in tf.nest.flatten(outputs) if isinstance(t, tf.Tensor)]
+
+
+def unexplained_unfused(report) -> list:
+    """Where a trace fused nothing, its unfused ops that TF's remapper does
+    not take into its own kernels (nothing fused is fine only where TF fuses
+    everything itself); [] where the trace fused something."""
+    if report.fused_clusters:
+        return []
+    return [u for u in report.unfused_ops
+            if not u[2].startswith(remapper_epilogues.LEFT_TO_REMAPPER)]
 
 
 def unnamed_fallbacks(reports, known: Dict[str, str]) -> List[str]:

@@ -6,7 +6,12 @@ the *_on_batch calls run fused steps.
   weights, within the noise floor the zoo's train-step test uses
   (tests/zoo_testlib.py: XLA's run of the same model and the float64 twin's,
   here both through Keras' fit); `predict` matches at two batch sizes; the
-  reports show fused kernels and no fallback.
+  train step's report shows fused kernels, and no report a fallback (the
+  test and predict steps of VGG16 fuse nothing: TF's remapper takes every
+  convolution's and matmul's bias and ReLU). VGG16, as the tiny batch-norm
+  CNNs train chaotically at this batch size (after two steps, XLA's run of
+  MobileNet lands up to 86% of a weight's update away from TF's), where
+  VGG16's comparison sees a rounding-level difference.
 - On a small model: steps_per_execution=2, the *_on_batch calls,
   re-compile (the model stays optimized, with fresh steps for the new
   optimizer), save and load, restore, and what is refused.
@@ -111,10 +116,12 @@ class ZooFitTest(tf.test.TestCase):
             for report in reports[kind]:
                 self.assertEqual(report.failure, "", f"{kind}: the rewrite failed")
                 self.assertEqual(zt.unnamed_fallbacks([report], {}), [], kind)
-            self.assertNotEmpty(reports[kind][-1].fused_clusters, f"{kind}: nothing fused")
+            self.assertEmpty(zt.unexplained_unfused(reports[kind][-1]),
+                             f"{kind}: nothing fused\n{reports[kind][-1]}")
+        self.assertNotEmpty(reports["train"][-1].fused_clusters, "train: nothing fused")
 
     def test_a_zoo_cnn(self):
-        self._check("mobilenet")
+        self._check("vgg16")
 
     def test_a_zoo_transformer(self):
         self._check("vit")
