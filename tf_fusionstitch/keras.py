@@ -89,6 +89,9 @@ class ModelFusion:
         None (the original step) where the model's compile rules fusion out
         or the wrapping fails."""
         refusal = compile_refusal(model)
+        if not refusal and model.distribute_strategy.num_replicas_in_sync > 1:
+            refusal = ("steps that run on several replicas of a tf.distribute strategy are "
+                       "not supported yet")
         if refusal:
             warnings.warn(f"tf_fusionstitch: {model.name}'s {kind} step runs unoptimized: "
                           f"{refusal}", RuntimeWarning, stacklevel=4)
