@@ -200,15 +200,21 @@ def mismatched_updates(variables, initial, tf_run: Trained, refs: Sequence[Train
     return bad
 
 
-def mismatched_losses(tf_run: Trained, refs: Sequence[Trained], fs_run: Trained) -> List[str]:
+def mismatched_losses(tf_run: Trained, refs: Sequence[Trained], fs_run: Trained,
+                      rounded_to=None) -> List[str]:
     """Step k's loss against the reference's largest loss difference in steps
     up to k: the first is a forward pass from identical weights, the later ones
-    inherit the updates' differences, which grow from step to step."""
+    inherit the updates' differences, which grow from step to step.
+    `rounded_to` (a NumPy float type): the values were rounded to it (Keras'
+    history holds float32 averages), so one rounding of it always passes: a
+    reference can land on TF's very value where a difference of a tenth of
+    its spacing rounds to the neighbouring one."""
     bad, noise = [], 0.0
     ref_losses = list(zip(*(r.losses for r in refs)))
     for step, (want, ref, got) in enumerate(zip(tf_run.losses, ref_losses, fs_run.losses)):
         noise = max([noise] + [abs(r - want) for r in ref])
-        allowed = max(NOISE_FACTOR * noise, FLOOR * abs(want))
+        allowed = max(NOISE_FACTOR * noise, FLOOR * abs(want),
+                      0.0 if rounded_to is None else float(np.spacing(rounded_to(want))))
         if not abs(got - want) <= allowed:
             bad.append(f"loss of step {step}: {got!r} where TF has {want!r} (references "
                        f"{list(ref)!r}; allowed difference {allowed:.3g})")

@@ -39,6 +39,8 @@ STEPS = {
     "test": ("test_step", "make_test_function", "test_function"),
     "predict": ("predict_step", "make_predict_function", "predict_function"),
 }
+# fs.optimize's options that act on calls made outside any tf.function.
+UNTIMED_OPTIONS = ("background", "measured_choice")
 # Where a model keeps its fusion state (an attribute Keras neither tracks nor saves).
 _STATE = "_tf_fusionstitch_keras"
 
@@ -124,7 +126,9 @@ def compile_refusal(model) -> str:
 def optimize(model, **options):
     """Makes `model`'s fit, evaluate, predict, train_on_batch, test_on_batch
     and predict_on_batch run steps fused by `tf_fusionstitch.optimize`, with
-    its options (`tf_fusionstitch.optimize`'s docstring). Call it after
+    its options (`tf_fusionstitch.optimize`'s docstring) but background and
+    measured_choice, which cannot act on a step Keras calls from inside its
+    own tf.function. Call it after
     `model.compile(...)`; returns the model. A later compile keeps the model
     optimized. Calling it again replaces the options.
 
@@ -134,6 +138,12 @@ def optimize(model, **options):
     tf_fusionstitch's own leaves the model running Keras' steps (or one
     trace running the original step), with a warning."""
     fusion_options = FusionOptions.from_call(**options)
+    for name in UNTIMED_OPTIONS:
+        if getattr(fusion_options, name):
+            raise ValueError(f"tf_fusionstitch.keras.optimize() does not take {name}: Keras "
+                             "calls the step from inside its own tf.function, traced once, "
+                             "so the step cannot run the original first or be timed there; "
+                             f"leave {name} out")
     check_model(model)
     try:
         state = getattr(model, _STATE, None)
