@@ -27,7 +27,7 @@ import tensorflow as tf
 
 import tf_fusionstitch as fs
 import zoo_testlib as zt
-from optimize_testlib import assert_same
+from optimize_testlib import assert_same, quiet_call
 
 from benchmarks import zoo  # the repository root (pyproject.toml's pytest pythonpath)
 
@@ -148,13 +148,6 @@ def _small_data(n, seed=_SEED):
     return gen.standard_normal((n, 8)).astype(np.float32), gen.integers(0, 3, n)
 
 
-def _quietly(fn, *args, **kwargs):
-    """Calls fn, failing on any RuntimeWarning: a fallback is a failure here."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)
-        return fn(*args, **kwargs)
-
-
 class KerasCallsTest(tf.test.TestCase):
     """Each Keras entry point on a small model, against the same model
     un-optimized (SGD, a few steps: TF's results within the numerics
@@ -168,7 +161,7 @@ class KerasCallsTest(tf.test.TestCase):
 
     def _assert_same_fit(self, fused, reference, fit_args):
         want = reference.fit(**fit_args, verbose=0).history
-        got = _quietly(fused.fit, **fit_args, verbose=0).history
+        got = quiet_call(fused.fit, **fit_args, verbose=0).history
         self.assertEqual(set(got), set(want))
         for key in want:
             self._assert_same_values(got[key], want[key], f"history of {key}")
@@ -191,7 +184,7 @@ class KerasCallsTest(tf.test.TestCase):
         fs.keras.optimize(fused)
         self._assert_same_fit(fused, reference, dict(
             x=x, y=y, batch_size=4, epochs=2, shuffle=False, validation_data=(val_x, val_y)))
-        self._assert_same_values(_quietly(fused.predict, x, batch_size=4, verbose=0),
+        self._assert_same_values(quiet_call(fused.predict, x, batch_size=4, verbose=0),
                                  reference.predict(x, batch_size=4, verbose=0), "predict")
         self._assert_fused(fused, ("train", "test", "predict"))
 
@@ -200,11 +193,11 @@ class KerasCallsTest(tf.test.TestCase):
         fused, reference = _small_model(), _small_model()
         fs.keras.optimize(fused)
         for step in range(2):
-            self._assert_same_values(_quietly(fused.train_on_batch, x, y),
+            self._assert_same_values(quiet_call(fused.train_on_batch, x, y),
                                      reference.train_on_batch(x, y), f"train_on_batch {step}")
-        self._assert_same_values(_quietly(fused.test_on_batch, x, y),
+        self._assert_same_values(quiet_call(fused.test_on_batch, x, y),
                                  reference.test_on_batch(x, y), "test_on_batch")
-        self._assert_same_values(_quietly(fused.predict_on_batch, x),
+        self._assert_same_values(quiet_call(fused.predict_on_batch, x),
                                  reference.predict_on_batch(x), "predict_on_batch")
         self._assert_fused(fused, ("train", "test", "predict"))
 
@@ -231,7 +224,7 @@ class KerasCallsTest(tf.test.TestCase):
         x, y = _small_data(8)
         fused = _small_model()
         fs.keras.optimize(fused)
-        _quietly(fused.fit, x, y, batch_size=4, epochs=1, verbose=0)
+        quiet_call(fused.fit, x, y, batch_size=4, epochs=1, verbose=0)
         directory = tempfile.TemporaryDirectory()
         self.addCleanup(directory.cleanup)
         path = os.path.join(directory.name, "model.keras")
@@ -240,9 +233,9 @@ class KerasCallsTest(tf.test.TestCase):
         self.assertEqual(fs.keras.report(loaded), {"train": [], "test": [], "predict": []},
                          "a loaded model is a new model, not optimized")
         self._assert_same_values(loaded.predict(x, verbose=0),
-                                 _quietly(fused.predict, x, verbose=0), "loaded predict")
+                                 quiet_call(fused.predict, x, verbose=0), "loaded predict")
         fs.keras.optimize(loaded)
-        self._assert_same_values(_quietly(loaded.evaluate, x, y, verbose=0),
+        self._assert_same_values(quiet_call(loaded.evaluate, x, y, verbose=0),
                                  fused.evaluate(x, y, verbose=0), "loaded, optimized evaluate")
         self._assert_fused(loaded, ("test",))
 
@@ -250,7 +243,7 @@ class KerasCallsTest(tf.test.TestCase):
         x, y = _small_data(4)
         model = _small_model()
         fs.keras.optimize(model)
-        _quietly(model.evaluate, x, y, verbose=0)
+        quiet_call(model.evaluate, x, y, verbose=0)
         fs.keras.restore(model)
         self.assertEqual(fs.keras.report(model), {"train": [], "test": [], "predict": []})
         self.assertNotIn("test_step", vars(model))
