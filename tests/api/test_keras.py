@@ -249,6 +249,24 @@ class KerasCallsTest(tf.test.TestCase):
         self.assertNotIn("test_step", vars(model))
         model.evaluate(x, y, verbose=0)   # Keras' own step, built again
 
+    def test_a_step_set_on_the_instance_is_fused_and_put_back(self):
+        x, y = _small_data(4)
+        model, reference = _small_model(), _small_model()
+        keras_step, traced = model.test_step, []
+
+        def test_step(data):
+            traced.append(data)
+            return keras_step(data)
+        model.test_step = test_step
+        fs.keras.optimize(model, fusion="xla_like")
+        fs.keras.optimize(model)   # again: its options replace the first call's
+        self._assert_same_values(quiet_call(model.evaluate, x, y, verbose=0),
+                                 reference.evaluate(x, y, verbose=0), "evaluate")
+        self.assertNotEmpty(traced, "the fused step did not trace the instance's step")
+        self.assertEqual([r.fusion for r in fs.keras.report(model)["test"]], ["stitch"])
+        fs.keras.restore(model)
+        self.assertIs(vars(model)["test_step"], test_step)
+
     def test_refusals_name_the_fix(self):
         with self.assertRaisesRegex(ValueError, r"jit_compile=False"):
             fs.keras.optimize(_small_model(jit_compile=True))
