@@ -12,9 +12,9 @@ override): a tf.function over that step, inside a loop over Keras' iterator
 that runs `steps_per_execution` steps per call. `optimize` replaces the step
 the model calls with `tf_fusionstitch.optimize` of it, so Keras keeps its
 iterator, its loop, callbacks and metrics, and each step it runs is the fused
-function, called from Keras' own tf.function. Everything a step computes is
-fused: the forward and backward pass, the loss, the optimizer's update and
-the metrics' updates.
+function, called from Keras' own tf.function. Everything a step computes goes
+through the rewrite: the forward and backward pass, the loss, the optimizer's
+update and the metrics' updates.
 
 Keras drops its functions when the model is (re)compiled and builds them
 again on the next call; the model stays optimized: each rebuild takes a
