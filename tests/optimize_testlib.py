@@ -184,11 +184,11 @@ def fusion_stitch_nodes(graph_def) -> list:
     return nodes
 
 
-def quiet_call(fn, *args):
+def quiet_call(fn, *args, **kwargs):
     """Calls `fn`, failing on any RuntimeWarning: a fallback is a failure here."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        return fn(*args)
+        return fn(*args, **kwargs)
 
 
 # Trained weights are compared normwise: |du_fused - du_TF|_2 <= UPDATE_RTOL |du_TF|_2

@@ -52,6 +52,8 @@ from typing import Dict, List, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tf_fusionstitch.rewriters import remapper_epilogues
+
 # Measured on the zoo at tiny sizes (tests/models/test_zoo.py): a correct plan's
 # distance from TF is up to 3.5x the floor; 8x leaves room for that spread,
 # while one fused kernel off by a relative 1e-5 moves some variable of a
@@ -198,15 +200,21 @@ def mismatched_updates(variables, initial, tf_run: Trained, refs: Sequence[Train
     return bad
 
 
-def mismatched_losses(tf_run: Trained, refs: Sequence[Trained], fs_run: Trained) -> List[str]:
+def mismatched_losses(tf_run: Trained, refs: Sequence[Trained], fs_run: Trained,
+                      rounded_to=None) -> List[str]:
     """Step k's loss against the reference's largest loss difference in steps
     up to k: the first is a forward pass from identical weights, the later ones
-    inherit the updates' differences, which grow from step to step."""
+    inherit the updates' differences, which grow from step to step.
+    `rounded_to` (a NumPy float type): the values were rounded to it (Keras'
+    history holds float32 averages), so one rounding of it always passes: a
+    reference can land on TF's very value where a difference of a tenth of
+    its spacing rounds to the neighbouring one."""
     bad, noise = [], 0.0
     ref_losses = list(zip(*(r.losses for r in refs)))
     for step, (want, ref, got) in enumerate(zip(tf_run.losses, ref_losses, fs_run.losses)):
         noise = max([noise] + [abs(r - want) for r in ref])
-        allowed = max(NOISE_FACTOR * noise, FLOOR * abs(want))
+        allowed = max(NOISE_FACTOR * noise, FLOOR * abs(want),
+                      0.0 if rounded_to is None else float(np.spacing(rounded_to(want))))
         if not abs(got - want) <= allowed:
             bad.append(f"loss of step {step}: {got!r} where TF has {want!r} (references "
                        f"{list(ref)!r}; allowed difference {allowed:.3g})")
@@ -244,6 +252,16 @@ def mismatched_outputs(tf_out: Sequence, refs: Sequence[Sequence], fs_out: Seque
 
 def flat_outputs(outputs) -> List[tf.Tensor]:
     return [t for t in tf.nest.flatten(outputs) if isinstance(t, tf.Tensor)]
+
+
+def unexplained_unfused(report) -> list:
+    """Where a trace fused nothing, its unfused ops that TF's remapper does
+    not take into its own kernels (nothing fused is fine only where TF fuses
+    everything itself); [] where the trace fused something."""
+    if report.fused_clusters:
+        return []
+    return [u for u in report.unfused_ops
+            if not u[2].startswith(remapper_epilogues.LEFT_TO_REMAPPER)]
 
 
 def unnamed_fallbacks(reports, known: Dict[str, str]) -> List[str]:

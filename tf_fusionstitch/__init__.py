@@ -26,6 +26,9 @@ def __getattr__(name):
     if name == "memory_intensive_kernels":  # for benchmarks: count any GraphDef
         from tf_fusionstitch.rewriters import kernel_count
         return kernel_count.memory_intensive_kernels
+    if name == "keras":   # tf_fusionstitch.keras.optimize(model): Keras 3 models
+        import importlib
+        return importlib.import_module("tf_fusionstitch.keras")
     if name == "planner":
         # TF-free until a search traces a function
         import importlib
