@@ -94,6 +94,9 @@ class LocalCluster(localhost.Stoppable):
 def serve(cluster_json, task, devices):
     """A worker: serves its task until killed or until the process that started it dies."""
     localhost.exit_with_parent()
+    # Registers the FusionStitch op and its resolver here, so a fused step's kernels placed
+    # on this worker are built from their nodes' checked specs (tf_fusionstitch.spec_kernels).
+    import tf_fusionstitch  # noqa: F401
     config = tf.compat.v1.ConfigProto(device_count={"CPU": devices})
     server = tf.distribute.Server(tf.train.ClusterSpec(json.loads(cluster_json)),
                                   job_name="worker", task_index=task, config=config)

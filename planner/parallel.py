@@ -20,8 +20,11 @@ convention:
   so the gradients' mean is a reduce onto it, not an all-reduce between replicas. Each
   stage of a replica takes its pieces' forwards and backwards in the plan's schedule
   (GPipe or 1F1B: `micro_batches.schedule`), through control edges.
+- A data plan of a fused step (FusionStitch ops, which DTensor cannot partition) runs
+  placed too: the pipeline path with one stage, a piece of the batch per replica.
 - On a `LocalCluster` (worker processes over gRPC), data and pipeline plans run placed as
-  above, on the workers' devices. Tensor parallel plans run under multi-client DTensor: the
+  above, on the workers' devices (a data plan whose step takes only its global batch runs
+  on the DTensor clients below). Tensor parallel plans run under multi-client DTensor: the
   cluster's DTensor clients (`dtensor_clients`, one per worker, all of them one mesh) each
   rebuild the step from its wire form (GraphDef, variable values, inputs) and run the same
   `MeshStep`; outputs and variable values come back from client 0.
@@ -103,17 +106,21 @@ def build(fn, example_inputs, cluster, plan=None, search=None, variables=()):
                          f"stages) but cluster {spec.name!r} has {spec.num_devices}")
     step = _Step(graph, graph_def, concrete, variables)
     pieces = plan.replicas * plan.micro_batches
-    # On worker processes, a plan without tensor parallelism runs placed (below), in
-    # pieces of the batch; a data plan whose step does not take a piece (it reshapes to
-    # its global batch) runs as one SPMD program on the DTensor clients instead.
-    micro, global_batch_only = None, False
-    if remote and plan.num_stages == 1 and plan.tensor_parallel == 1 and pieces > 1 \
-            and plan.micro_batches == 1:
+    # A data plan runs placed (below), in pieces of the batch, one per replica, where
+    # DTensor cannot run it: on worker processes (their devices are not this process's)
+    # and for a fused step (DTensor has no layout propagation for FusionStitch ops). A
+    # step that does not take a piece (it reshapes to its global batch) runs as one SPMD
+    # program under DTensor instead: on a local cluster's DTensor clients, or refused
+    # when it is fused.
+    micro = None
+    if plan.num_stages == 1 and plan.tensor_parallel == 1 and plan.micro_batches == 1 \
+            and pieces > 1 and (remote or _holds_fusion(step.graph_def)):
         try:
             micro = _micro_batch_step(fn, example_inputs, variables, step, pieces)
         except ValueError:
-            global_batch_only = True
-    if plan.num_stages == 1 and (not remote or plan.tensor_parallel > 1 or global_batch_only):
+            micro = None
+    if plan.num_stages == 1 and micro is None and (
+            not remote or plan.tensor_parallel > 1 or (pieces > 1 and plan.micro_batches == 1)):
         if plan.micro_batches > 1:
             raise ValueError(f"the plan has {plan.micro_batches} micro-batches but no "
                              "pipeline stages: micro-batches run in pipeline plans only")
@@ -149,10 +156,14 @@ def _micro_batch_step(fn, example_inputs, variables, step, count):
     except (ValueError, tf.errors.InvalidArgumentError) as e:
         raise ValueError(f"the step does not trace on a micro-batch of {batch // count} "
                          f"(it must take any batch size to run in micro-batches): {e}") from e
+    # The plan places the whole batch's ops by name. Constants may differ (Grappler folds
+    # shapes in a fused step's rewrite); an unplaced one runs where TensorFlow puts it.
     ops = {node.name for node in step.graph_def.node}
-    if ops != {node.name for node in micro.graph_def.node}:
-        raise ValueError("the step traced on a micro-batch has other ops than on the whole "
-                         "batch, so the plan does not place it")
+    new = [node.name for node in micro.graph_def.node
+           if node.name not in ops and node.op != "Const"]
+    if new:
+        raise ValueError(f"the step traced on a micro-batch has ops the whole batch's does "
+                         f"not ({', '.join(sorted(new)[:3])}), so the plan does not place it")
     return micro, is_split
 
 
@@ -279,15 +290,20 @@ class ParallelStep:
         return feed
 
 
+def _holds_fusion(graph_def):
+    return any(node.op == "FusionStitch" for node in graph_def.node) or any(
+        node.op == "FusionStitch" for f in graph_def.library.function
+        for node in f.node_def)
+
+
 def _check_unfused(graph_def):
-    if any(node.op == "FusionStitch" for node in graph_def.node) or any(
-            node.op == "FusionStitch" for f in graph_def.library.function
-            for node in f.node_def):
+    if _holds_fusion(graph_def):
         raise ValueError(
             "the step holds FusionStitch ops (tf_fusionstitch.optimize fused it), which "
-            "DTensor cannot partition: it has no layout propagation for them. Run the "
-            "fused step with a pipeline plan (strategy='pipeline'), or parallelize the "
-            "step before optimizing it")
+            "DTensor cannot partition: it has no layout propagation for them. A fused step "
+            "runs under a pipeline plan (strategy='pipeline'), or a data plan if it takes "
+            "any batch size (it then runs placed, a piece of the batch per replica); or "
+            "parallelize the step before optimizing it")
 
 
 class MeshStep(ParallelStep):

@@ -1,5 +1,5 @@
-"""`planner.local_cluster(workers=2)`: data and pipeline plans run on two TensorFlow worker
-processes over localhost gRPC, operator (tensor parallel) plans, and data plans of a step
+"""`planner.local_cluster(workers=2)`: data and pipeline plans (and a fused step's data
+plan) run on two TensorFlow worker processes over localhost gRPC, operator (tensor parallel) plans, and data plans of a step
 that takes only its global batch, on its two multi-client DTensor clients, with the single-device losses and variables; the cluster's spec has the
 loopback link measured on this machine.
 
@@ -39,6 +39,12 @@ def check_on_two_workers():
             tasks = {tf.DeviceSpec.from_string(op.device).task
                      for op in case.ops_run(parallel, "einsum") if op.device}
             case.assertEqual(tasks, {0, 1})
+        # A fused step's kernels run on the workers too: each builds them from the nodes'
+        # checked specs (the workers import tf_fusionstitch, which registers the op).
+        parallel = case.check_strategy("einsum", "data", fuse=True, cluster=cluster)
+        tasks = {tf.DeviceSpec.from_string(op.device).task
+                 for op in case.ops_run(parallel, "einsum") if op.type == "FusionStitch"}
+        case.assertEqual(tasks, {0, 1})
         for model in ("reference", "einsum"):
             case.check_strategy(model, "operator", cluster=cluster)
         # The reference block reshapes to its global batch, so it does not run in placed

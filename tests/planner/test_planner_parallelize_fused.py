@@ -1,5 +1,6 @@
-"""A step fused by `tf_fusionstitch.optimize` runs under a pipeline plan on 4 logical CPUs
-with the unfused single-device results; under DTensor it is refused (DTensor has no layout
+"""A step fused by `tf_fusionstitch.optimize` runs under a pipeline plan and under a data
+plan (placed: a piece of the batch per replica) on 4 logical CPUs with the unfused
+single-device results; under DTensor (tensor plans) it is refused (DTensor has no layout
 propagation for FusionStitch ops). Its own file: compiling the kernels takes a while.
 """
 
@@ -21,11 +22,19 @@ class FusedParallelizeTest(lib.ParallelStepCase):
         self.assertNotEmpty(fused)
         self.assertTrue(all(fused), "a FusionStitch op without a stage device")
 
+    def test_fused_data_step_runs_placed(self):
+        # DTensor cannot partition FusionStitch ops: the data plan runs a piece of the batch
+        # per replica, each on its device, and one update on the gradients' mean.
+        parallel = self.check_strategy("einsum", "data", fuse=True)
+        fused = {op.device for op in self.ops_run(parallel, "einsum")
+                 if op.type == "FusionStitch"}
+        self.assertLen(fused, 4, "FusionStitch ops on fewer replicas' devices")
+
     def test_fused_step_under_dtensor_is_refused(self):
         step, inputs, variables = einsum_block(seed=2)
         with self.assertRaisesRegex(ValueError, "FusionStitch ops.*strategy='pipeline'"):
-            planner.parallelize(fs.optimize(step), inputs, cluster="4xCPU", strategy="data",
-                                variables=variables.values())
+            planner.parallelize(fs.optimize(step), inputs, cluster="4xCPU",
+                                strategy="operator", variables=variables.values())
 
 
 if __name__ == "__main__":
