@@ -32,7 +32,7 @@ class StridedReductionTest(tf.test.TestCase):
     def test_too_few_kept_elements_for_two_threads_stay_with_tensorflow(self):
         opt = self._check(lambda dy: tf.reduce_sum(dy * 2.0, axis=0), (5000, 8))
         self.assertNotIn("Sum", _fused_ops(opt))
-        self.assertIn("keeps the innermost axis over 8 kept elements", str(opt.report()))
+        self.assertIn("keeps the innermost axis over 8 kept elements", opt.report().details())
 
     def test_dynamic_batch_stays_with_tensorflow(self):
         fn = tf.function(lambda x: tf.reduce_mean(tf.square(x - 1.0), axis=[0, 1, 2]),
