@@ -15,11 +15,16 @@ from tensorflow.python.grappler import tf_optimizer
 # so it is not listed).
 DEFAULT_PASSES = ("common_subgraph_elimination", "constfold", "arithmetic", "dependency")
 
+_ROUNDS = {1: rewriter_config_pb2.RewriterConfig.ONE,
+           2: rewriter_config_pb2.RewriterConfig.TWO}   # TF's default: TWO
 
-def run_grappler(graph_def, graph, fetches: Sequence[str], passes=DEFAULT_PASSES):
+
+def run_grappler(graph_def, graph, fetches: Sequence[str], passes=DEFAULT_PASSES,
+                 rounds: int = 2):
     """`fetches` are the tensors and ops that must survive (outputs, side
     effects). `graph`: the tf.Graph `graph_def` came from, for its
-    collections; None for a GraphDef alone."""
+    collections; None for a GraphDef alone. `rounds`: how many times the
+    meta-optimizer runs the passes, 2 as TF does, or 1."""
     if graph is None:
         meta = meta_graph_pb2.MetaGraphDef()
         meta.graph_def.CopyFrom(graph_def)
@@ -31,6 +36,6 @@ def run_grappler(graph_def, graph, fetches: Sequence[str], passes=DEFAULT_PASSES
     config = config_pb2.ConfigProto()
     rewrite = config.graph_options.rewrite_options
     rewrite.optimizers.extend(passes)
-    rewrite.meta_optimizer_iterations = rewriter_config_pb2.RewriterConfig.TWO  # TF's default
+    rewrite.meta_optimizer_iterations = _ROUNDS[rounds]
     rewrite.min_graph_nodes = -1  # also small graphs
     return tf_optimizer.OptimizeGraph(config, meta)

@@ -92,5 +92,64 @@ class FusedEpiloguesTest(tf.test.TestCase):
         self.assertNotIn("Relu", {n.op for n in graph_def.node if n.name in left})
 
 
+def _keras_blocks():
+    """A small model with the epilogues the remapper knows: convolutions with
+    bias, batch norm, residual add and ReLU/ReLU6, a depthwise convolution,
+    dense layers with GELU and with a residual add."""
+    keras = tf.keras
+    tf.keras.utils.set_random_seed(0)
+    x = keras.Input((8, 8, 4))
+    y = keras.layers.Conv2D(8, 3, padding="same")(x)
+    y = keras.layers.ReLU()(keras.layers.BatchNormalization()(y))
+    z = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(y)
+    y = keras.layers.ReLU(6.0)(keras.layers.Add()([y, z]))
+    y = keras.layers.DepthwiseConv2D(3, padding="same", activation="relu")(y)
+    y = keras.layers.GlobalAveragePooling2D()(y)
+    h = keras.layers.Dense(16, activation="gelu")(y)
+    h = keras.layers.Add()([keras.layers.Dense(16)(h), h])
+    model = keras.Model(x, keras.layers.Dense(3)(h))
+    optimizer = keras.optimizers.Adam()
+    images = tf.TensorSpec([None, 8, 8, 4], tf.float32)
+
+    @tf.function(input_signature=[images])
+    def inference(images):
+        return model(images, training=False)
+
+    @tf.function(input_signature=[images, tf.TensorSpec([None], tf.int32)])
+    def train_step(images, labels):
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels, logits))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                      model.trainable_variables))
+        return loss
+    return inference, train_step
+
+
+class OneRoundTest(tf.test.TestCase):
+    """fused_epilogues runs the remapper for one round, not TF's two: the
+    remapper folds a contraction's whole epilogue in one visit. If a TF
+    release's second round ever folded more, these graphs would show it."""
+
+    def test_a_second_round_folds_nothing_more(self):
+        for f in _keras_blocks():
+            concrete = f.get_concrete_function()
+            outputs = [t.name for t in concrete.outputs]
+            graph_def = grappler.run_grappler(concrete.graph.as_graph_def(), concrete.graph,
+                                              outputs)
+            for node in graph_def.node:
+                node.device = node.device or remapper_epilogues.CPU
+            keep = sorted({t.split(":")[0] for t in outputs})
+            ops = {}
+            for rounds in (1, 2):
+                remapped = grappler.run_grappler(graph_def, None, keep, passes=("remap",),
+                                                 rounds=rounds)
+                ops[rounds] = sorted((n.name, n.op) for n in remapped.node)
+            fused = [op for _, op in ops[1] if op in remapper_epilogues.FUSED_CONTRACTIONS]
+            self.assertNotEmpty(fused, f.__name__)     # the remapper did fuse here
+            self.assertEqual(ops[1], ops[2], f.__name__)
+
+
 if __name__ == "__main__":
     tf.test.main()
