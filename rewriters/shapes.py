@@ -97,16 +97,19 @@ def _variable_specs(graph_def, hints: Dict[str, tf.TensorSpec]) -> Dict[str, tf.
     from the hints of the ReadVariableOps that read it directly: only where
     it has such readers, all with hints that agree with each other and with
     the read's dtype."""
-    nodes = {n.name: n for n in graph_def.node}
+    # One pass over the nodes (a large graph's are slow to visit from Python).
+    handles, reads = set(), []
+    for node in graph_def.node:
+        op = node.op
+        if op == "ReadVariableOp":
+            reads.append(node)
+        elif op == "Placeholder" and node.attr["dtype"].type == tf.resource.as_datatype_enum:
+            handles.add(node.name)
     specs: Dict[str, tf.TensorSpec] = {}
     conflicting = set()
-    for node in graph_def.node:
-        if node.op != "ReadVariableOp":
-            continue
+    for node in reads:
         src, port, _ = parse_input(node.input[0])
-        handle = nodes.get(src)
-        if handle is None or handle.op != "Placeholder" or \
-                handle.attr["dtype"].type != tf.resource.as_datatype_enum:
+        if src not in handles:
             continue
         name = f"{src}:{port}"
         hint = hints.get(f"{node.name}:0")

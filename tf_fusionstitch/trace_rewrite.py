@@ -27,7 +27,7 @@ from tf_fusionstitch.rewriters import (cpu_cost_model, cpu_costs, decided_shapes
                                        function_bodies, grappler, shapes)
 from tf_fusionstitch.rewriters.fusion_pass import run_fusion_pass
 from tf_fusionstitch.rewriters.graph_view import parse_input, tensor_name
-from tf_fusionstitch.runtime import cache, cpu_compiler
+from tf_fusionstitch.runtime import cache, cpu_compiler, gc_pause
 from tf_fusionstitch.versions import Version
 
 
@@ -63,6 +63,11 @@ class InputSizes:
 
 def rewrite(concrete, inputs: InputSizes, options: FusionOptions, name: str):
     """(GraphDef, output tensor names, Report) of the plan for one trace."""
+    with gc_pause.paused():
+        return _rewrite(concrete, inputs, options, name)
+
+
+def _rewrite(concrete, inputs: InputSizes, options: FusionOptions, name: str):
     start = time.perf_counter()
     compilations = cpu_compiler.compilations
     graph = concrete.graph

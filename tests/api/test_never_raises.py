@@ -43,6 +43,30 @@ class RewriteFailureTest(tf.test.TestCase):
         trace_rewrite.run_fusion_pass = fail
         self.addCleanup(setattr, trace_rewrite, "run_fusion_pass", original)
 
+    def test_the_rewrite_runs_with_the_collector_paused_and_resumes_it(self):
+        """runtime/gc_pause.py: the fusion pass sees the collector off; after
+        the call, failed or not, it is on again."""
+        import gc
+        seen = []
+        original = trace_rewrite.run_fusion_pass
+
+        def watched(*args, **kwargs):
+            seen.append(gc.isenabled())
+            return original(*args, **kwargs)
+        trace_rewrite.run_fusion_pass = watched
+        self.addCleanup(setattr, trace_rewrite, "run_fusion_pass", original)
+        self.assertTrue(gc.isenabled())
+        opt = fs.optimize(_layernorm_like(), rewrite_cache=False)
+        x = tf.constant(rng(0).standard_normal((5, 16)), tf.float32)
+        assert_same(self, quiet_call(opt, x), _layernorm_like()(x), "transcendental")
+        self.assertEqual(seen, [False])
+        self.assertTrue(gc.isenabled())
+        self._failing_pass(KeyError("some_node"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)   # the fallback's warning
+            fs.optimize(_layernorm_like(), rewrite_cache=False)(x)
+        self.assertTrue(gc.isenabled())
+
     def test_a_failing_rewrite_runs_the_original_with_one_warning(self):
         for error in (RecursionError("maximum recursion depth exceeded"),
                       KeyError("some_node"), AssertionError("an internal check")):
