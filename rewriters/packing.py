@@ -92,7 +92,7 @@ def pack_clusters(view: GraphView, groups: List[List[str]], fetches: Set[Tensor]
              and not any(view.nodes[n].op in OWN_KERNELS for n in g)]
     units.sort(key=lambda g: max(position[n] for n in g))
     single = [launches[id(g)] == 1 for g in units]
-    size = [_boundary_bytes(view, g, fetches) for g in units]
+    size = [boundary_bytes(view, g, fetches) for g in units]
     graph = _unit_graph(view, groups, units, size)
     if graph is None:
         return groups
@@ -222,7 +222,7 @@ def start_windows(view: GraphView, groups: List[List[str]],
                   fetches: Set[Tensor]) -> Optional[List[StartWindow]]:
     """Each group's StartWindow, every group one node of the graph; None
     if the groups feed each other in a cycle."""
-    sizes = [_boundary_bytes(view, g, fetches) for g in groups]
+    sizes = [boundary_bytes(view, g, fetches) for g in groups]
     graph = _unit_graph(view, groups, groups, sizes)
     return None if graph is None else graph[1]
 
@@ -334,7 +334,7 @@ def _after_contraction(view: GraphView, nodes: List[str]) -> bool:
                for src, _ in view.data_inputs[n])
 
 
-def _boundary_bytes(view: GraphView, nodes: List[str], fetches: Set[Tensor]) -> int:
+def boundary_bytes(view: GraphView, nodes: List[str], fetches: Set[Tensor]) -> int:
     """Bytes of the tensors that enter and leave the group."""
     inside = set(nodes)
     tensors = set()

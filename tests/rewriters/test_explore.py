@@ -8,6 +8,7 @@ optimize_testlib.py) on fresh seeded random inputs, and they should need no
 more kernels than the greedy plan.
 """
 
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
@@ -16,6 +17,7 @@ from tensorflow.core.framework import graph_pb2
 import tf_fusionstitch as fs
 from optimize_testlib import (EPS, assert_same, assert_train_steps_match, fusion_stitch_nodes,
                               make_stateful_step, quiet_call, random, rng, to_numpy)
+from tf_fusionstitch.rewriters import explore
 from tf_fusionstitch.rewriters.cycles import Reachability, cluster_spans, creates_cycle
 from tf_fusionstitch.rewriters.graph_view import GraphView
 
@@ -242,6 +244,28 @@ class RemoteFusionTest(tf.test.TestCase):
             counts[plan] = (opt.report().kernels_after, len(fusion_stitch_nodes(opt.graph_def)))
         self.assertEqual(counts, {"unpacked": (2, 2), "stitch": (1, 1), "explore": (1, 1)})
         self.assertIn("1 kernel(s) packed by remote fusion", str(opt.report()))
+
+    def test_a_remote_fusion_pack_moves_at_most_its_byte_limit(self):
+        """Three unconnected chains of one iteration space, 128 KiB moved
+        each (in and out): with room for two, remote fusion packs two and
+        leaves the third apart; unlimited, it packs all three. (pack=False:
+        step 5 would pack the rest apart.) A pack starts when its last
+        member can, so big packs made earlier work wait."""
+        @tf.function(input_signature=[tf.TensorSpec([64, 256])] * 3)
+        def f(a, b, c):
+            return tf.tanh(a * 2.0 + 1.0), tf.exp(b * 0.5) - 1.0, tf.sigmoid(c * 3.0) + 2.0
+
+        gen = rng(9602)
+        args = tuple(random(gen, (64, 256), "float32") for _ in range(3))
+        expected = f(*args)
+        kernels = {}
+        for limit in (300 << 10, float("inf")):
+            with mock.patch.object(explore, "REMOTE_MAX_BYTES", limit):
+                opt = fs.optimize(f, fusion="explore", pack=False, rewrite_cache=False)
+                for a, e in zip(quiet_call(opt, *args), expected):
+                    assert_same(self, a, e, "transcendental", msg=str(limit))
+            kernels[limit] = opt.report().kernels_after
+        self.assertEqual(kernels, {300 << 10: 2, float("inf"): 1})
 
     def test_kernels_of_different_spaces_pack_apart(self):
         """Two unconnected kernels whose iteration spaces differ (one has a
