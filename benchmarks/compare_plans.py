@@ -1,8 +1,12 @@
-"""Step time of fusion plans of one reference model, interleaved round by round.
+"""Step time of fusion plans of one model, interleaved round by round.
 
   python benchmarks/compare_plans.py --model=dien --plans=xla_like,stitch,explore --rounds=40
   python benchmarks/compare_plans.py --model=bert --function=inference \
       --plans=xla_like,explore,explore:pack=False
+  python benchmarks/compare_plans.py --model=zoo:mobilenet_v2 --plans=xla_like,explore
+
+--model is a reference model (benchmarks/models/) or `zoo:` and a zoo model
+(benchmarks/zoo/, at the batch and sequence length benchmarks/zoo.py times).
 
 benchmarks/models.py times four contenders for a table; this script answers a narrower
 question, whether one plan is slower than another, with as many rounds as that takes. A
@@ -33,16 +37,20 @@ import rounds  # noqa: E402  (benchmarks/ is sys.path[0])
 # `benchmarks.models`: the repository root goes on the path too (as in models.py).
 sys.path.insert(1, str(pathlib.Path(__file__).resolve().parents[1]))
 from benchmarks import models as reference_models  # noqa: E402
+from benchmarks import zoo  # noqa: E402
 
 import tf_fusionstitch as fs  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("model", "bert", list(reference_models.MODELS), "The reference model.")
+flags.DEFINE_enum("model", "bert", list(reference_models.MODELS) +
+                  [f"zoo:{name}" for name in zoo.NAMES],
+                  "The reference model, or zoo:<name> for a zoo model.")
 flags.DEFINE_enum("function", "train_step", ["train_step", "inference"],
                   "Which of the model's functions to time.")
 flags.DEFINE_enum("size", "real", list(reference_models.SIZES), "The model's size set.")
 flags.DEFINE_integer("batch", None, "Batch size; default benchmarks/models/'s DEFAULT_BATCH "
-                     "at real sizes, 4 at tiny ones.")
+                     "(a zoo model's: zoo.REAL_BATCH) at real sizes, 4 at "
+                     "tiny ones.")
 flags.DEFINE_list("plans", ["xla_like", "explore"], "Plans to compare, the first the "
                   "baseline: fusion strategies, each with optional `:option=value+option=value`.")
 flags.DEFINE_integer("rounds", 30, "Timed rounds (one call of each plan per round).")
@@ -66,6 +74,22 @@ def parse_plan(text):
     return fusion.strip(), options
 
 
+def _models(count):
+    """`count` copies of --model built from one seed, one batch for them, and
+    its size as printed."""
+    name = FLAGS.model
+    if not name.startswith("zoo:"):
+        batch_size = FLAGS.batch or reference_models.default_batch(name, FLAGS.size)
+        built = [reference_models.build(name, FLAGS.size, seed=0) for _ in range(count)]
+        return built, built[0].make_batch(np.random.default_rng(1), batch_size), batch_size
+    name = name[len("zoo:"):]
+    built = [zoo.build(name, FLAGS.size, seed=0) for _ in range(count)]
+    batch_size, seq = zoo.timed_shape(built[0], FLAGS.function, FLAGS.size)
+    batch_size = FLAGS.batch or batch_size
+    batch = built[0].make_batch(np.random.default_rng(1), batch_size, seq)
+    return built, batch, batch_size if seq is None else f"{batch_size}x{seq}"
+
+
 def main(argv):
     del argv
     plans = [parse_plan(p) for p in FLAGS.plans]
@@ -73,9 +97,7 @@ def main(argv):
         raise app.UsageError("--plans needs two plans or more: the first is the baseline")
     if len(set(FLAGS.plans)) != len(FLAGS.plans):
         raise app.UsageError(f"--plans names a plan twice: {FLAGS.plans}")
-    batch_size = FLAGS.batch or reference_models.default_batch(FLAGS.model, FLAGS.size)
-    built = [reference_models.build(FLAGS.model, FLAGS.size, seed=0) for _ in plans]
-    batch = built[0].make_batch(np.random.default_rng(1), batch_size)
+    built, batch, batch_size = _models(len(plans))
     args = list(batch.inputs) + ([batch.labels] if FLAGS.function == "train_step" else [])
     calls = {}
     for label, (fusion, options), model in zip(FLAGS.plans, plans, built):

@@ -71,9 +71,6 @@ FUNCTIONS = ("inference", "train_step")
 # Train steps timed by default: CNNs and transformers, every optimizer family but one.
 DEFAULT_TRAIN = ("mobilenet_v2", "resnet50", "efficientnet_b0", "densenet121",
                  "convnext_tiny", "bert", "gpt2", "t5", "vit", "llama", "qwen2")
-# (batch, sequence length) at real sizes: a step takes about a second on a 2-core CPU.
-REAL_BATCH = {("vision", "inference"): (4, None), ("vision", "train_step"): (4, None),
-              ("text", "inference"): (4, 128), ("text", "train_step"): (2, 128)}
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", list(zoo.NAMES), "Zoo models to run (benchmarks/zoo/).")
@@ -82,7 +79,7 @@ flags.DEFINE_list("train_models", list(DEFAULT_TRAIN), "Models whose train step 
                   "(of --models); 'all' for every one.")
 flags.DEFINE_enum("size", "real", list(zoo.SIZES), "The zoo's size set.")
 flags.DEFINE_integer("batch", None, "Batch size of every row (default per family, "
-                     "REAL_BATCH; 4 at tiny sizes).")
+                     "zoo.REAL_BATCH; 4 at tiny sizes).")
 flags.DEFINE_integer("seq", None, "Sequence length of text rows (default 128 real, 16 tiny).")
 flags.DEFINE_integer("rounds", 15, "Timed rounds.")
 flags.DEFINE_integer("warmup", 2, "Untimed rounds after the first calls.")
@@ -96,13 +93,8 @@ flags.DEFINE_string("out", str(_HERE / "RESULTS.md"),
 
 
 def _shape(model, function):
-    if FLAGS.size == "tiny":
-        batch, seq = 4, 16
-    else:
-        batch, seq = REAL_BATCH[(model.family, function)]
-    batch = FLAGS.batch or batch
-    seq = (FLAGS.seq or seq) if model.family == "text" else None
-    return batch, seq
+    batch, seq = zoo.timed_shape(model, function, FLAGS.size)
+    return FLAGS.batch or batch, (FLAGS.seq or seq) if seq is not None else None
 
 
 def _fresh(fn):

@@ -19,6 +19,11 @@ from benchmarks.zoo import text, vision
 from benchmarks.zoo.assemble import OPTIMIZERS, POLICIES, ZooModel  # noqa: F401
 
 SIZES = ("tiny", "real")
+# (batch, sequence length) the benchmarks time at real sizes (a step takes
+# about a second on a 2-core CPU); at tiny sizes, (4, 16).
+REAL_BATCH = {("vision", "inference"): (4, None), ("vision", "train_step"): (4, None),
+              ("text", "inference"): (4, 128), ("text", "train_step"): (2, 128)}
+TINY_BATCH = (4, 16)
 _BUILDERS = {**{name: vision.build for name in vision.ENTRIES},
              **{name: text.build for name in text.ENTRIES}}
 NAMES = tuple(_BUILDERS)
@@ -39,6 +44,13 @@ def build(name: str, size: str = "tiny", seed: int = 0, policy: str = None) -> Z
     if policy is not None and policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     return _BUILDERS[name](name, size, seed, policy)
+
+
+def timed_shape(model: ZooModel, function: str, size: str):
+    """(batch, sequence length or None) the benchmarks time `function` of
+    `model` at, at `size`."""
+    batch, seq = TINY_BATCH if size == "tiny" else REAL_BATCH[(model.family, function)]
+    return batch, (seq if model.family == "text" else None)
 
 
 def unknown_names(names) -> str:

@@ -38,6 +38,17 @@ def test_three_plans_of_a_loop_model_are_compared():
         assert 0 < lowest <= low <= median <= high <= highest, lines[label]
 
 
+def test_a_zoo_models_train_step_is_compared():
+    """zoo:<name> builds a zoo model (benchmarks/zoo/) at the batch and
+    sequence length benchmarks/zoo.py times it at."""
+    res = _run("--model=zoo:gpt2", "--plans=xla_like,explore", "--rounds=6", "--warmup=0")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert re.search(r"^zoo:gpt2 train_step, batch 4x16, 6 rounds;", res.stdout, re.M), \
+        res.stdout
+    assert re.search(r"^  explore +median .* 95% interval [\d.]+-[\d.]+x$", res.stdout, re.M), \
+        res.stdout
+
+
 def test_a_plan_option_without_a_value_is_refused():
     res = _run("--model=dien", "--plans=xla_like,explore:pack", "--rounds=1")
     assert res.returncode != 0
