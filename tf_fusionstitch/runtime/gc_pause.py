@@ -10,7 +10,9 @@ first collection after it.
 
 Pauses nest and may overlap across threads (a background rewrite beside the
 caller's): the collector is enabled again when the last one ends, and only
-if it was enabled when the first began.
+if it was enabled when the first began. The pause is the process's: under
+optimize(..., background=True) the caller's own steps run without cyclic
+collection until the rewrite is done.
 """
 
 from __future__ import annotations
