@@ -94,7 +94,9 @@ flags.DEFINE_string("out", str(_HERE / "RESULTS.md"),
 
 def _shape(model, function):
     batch, seq = zoo.timed_shape(model, function, FLAGS.size)
-    return FLAGS.batch or batch, (FLAGS.seq or seq) if seq is not None else None
+    if seq is not None:   # a text model
+        seq = FLAGS.seq or seq
+    return FLAGS.batch or batch, seq
 
 
 def _fresh(fn):

@@ -97,7 +97,7 @@ def _variable_specs(graph_def, hints: Dict[str, tf.TensorSpec]) -> Dict[str, tf.
     from the hints of the ReadVariableOps that read it directly: only where
     it has such readers, all with hints that agree with each other and with
     the read's dtype."""
-    # One pass over the nodes (a large graph's are slow to visit from Python).
+    # The resource placeholders and their reads, in one pass over the nodes.
     handles, reads = set(), []
     for node in graph_def.node:
         op = node.op
