@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Callable, Dict, FrozenSet, List, Optional, Set
 
 from tf_fusionstitch import fusion_ir as ir
@@ -32,12 +33,23 @@ from tf_fusionstitch.rewriters import op_table
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
 from tf_fusionstitch.schedule import Schedule
 
+def usable_cores() -> int:
+    """Cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+
+
 # Extent assumed for a dimension unknown at trace time (the batch): only
 # scales all terms alike, so the ranking of patterns hardly depends on it.
 # A modelling choice, not a machine cost: never calibrated.
 DYNAMIC_EXTENT = 32
 
 # Costs used without calibration (costs="builtin", or when calibrating fails).
+# Elements per tensor of the op chain the calibration (cpu_costs.py) times
+# "launch" on: its operands' cache traffic (12 bytes per element) is inside
+# the launch it measures.
+LAUNCH_OP_ELEMENTS = 1 << 12
+
 BUILTIN = {
     # Bytes/s. Measured once on this project's 2-core CPU machine: a fused
     # x * 2 + 1 over 4M float32 (16 MB read + 16 MB written) took 1.16 ms.
@@ -59,6 +71,33 @@ BUILTIN = {
     # Seconds per element of compute-bound primitives; empty: every op is
     # priced by its memory traffic alone.
     "compute": {},
+    # The plan model's (plan_time.py). Cores the process may use: read from
+    # the OS, not measured.
+    "cores": usable_cores(),
+    # Bytes/s of an elementwise op within a chain of them, whose output
+    # takes the buffer of the input before it (TF forwards a buffer no one
+    # else reads): no fresh pages to fault in, unlike "bandwidth"'s single
+    # op, so about twice as fast (65-87 GB/s against 20-30 GB/s on this
+    # project's machine). The plan model's (plan_time.py) memory rate.
+    "stream_bandwidth": 58e9,
+    # Flop/s of a float32 matmul on all cores: a 512 x 512 x 512 MatMul took
+    # 2.7 ms on this project's 2-core machine.
+    "matmul_flops": 1e11,
+    # Seconds of one core's work below which TF's thread pool keeps a kernel
+    # on one core: Shard cuts work into shards of at least 10,000 cost units
+    # (about cycles), Eigen's elementwise ops take a second thread only past
+    # about 200,000 cycles; 20 us at 2-3 GHz lies between. An assumption,
+    # never calibrated: the plan model's measured error includes it.
+    "parallel_grain": 20e-6,
+    # Seconds below which TF's executor runs an op inline, in the thread
+    # that made it ready, rather than as a task of its pool: 8,000 cycles
+    # (kOpIsExpensiveThresholdCycles) at about 2.7 GHz. An assumption, as
+    # parallel_grain.
+    "inline_op": 3e-6,
+    # The plan model's relative error predicting TF's own step time on the
+    # calibration's graphs (cpu_costs.py); explore keeps its plan over the
+    # XLA-rule plan only when it predicts a larger gain. An assumption here.
+    "plan_error": 0.1,
 }
 
 
@@ -71,10 +110,15 @@ def validate(costs: Dict) -> Dict:
     for name in BUILTIN:
         if name not in costs:
             raise CalibrationError(f"costs lack {name!r}")
-    for name in ("bandwidth", "launch", "cache_speedup", "row_cache_bytes", "max_live_buffers"):
+    for name in ("bandwidth", "launch", "cache_speedup", "row_cache_bytes", "max_live_buffers",
+                 "cores", "stream_bandwidth", "matmul_flops", "parallel_grain",
+                 "inline_op"):
         value = costs[name]
         if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise CalibrationError(f"cost {name}={value!r} is not a positive number")
+    error = costs["plan_error"]
+    if not isinstance(error, (int, float)) or not 0 <= error < 1:
+        raise CalibrationError(f"cost plan_error={costs['plan_error']!r} is not in [0, 1)")
     for prim, value in costs["compute"].items():
         if prim not in ir.EXPENSIVE or not isinstance(value, (int, float)) \
                 or not math.isfinite(value) or value < 0:
@@ -164,14 +208,18 @@ class CpuEvaluator:
             view = self.view
             traffic = sum(self._bytes(t) for t in view.data_inputs[name]) + \
                 sum(self._bytes((name, p)) for p in range(view.num_outputs[name]))
-            compute = self._compute_alone.get(name, 0.0)
-            if self.costs["compute"] and name not in self._compute_alone:
-                cluster = self._lower_alone(name)  # an op whose pattern alone was not priced yet
-                if cluster is not None:
-                    compute = self.compute_s(cluster)
             self._alone[name] = self.costs["launch"] + max(
-                traffic / self.costs["bandwidth"], compute)
+                traffic / self.costs["bandwidth"], self.compute_alone(name))
         return self._alone[name]
+
+    def compute_alone(self, name: str) -> float:
+        """Seconds of one op's compute-bound primitives (0 when none, or
+        when the op does not lower alone)."""
+        if name not in self._compute_alone:
+            # an op whose pattern alone was not priced yet
+            cluster = self._lower_alone(name) if self.costs["compute"] else None
+            self._compute_alone[name] = 0.0 if cluster is None else self.compute_s(cluster)
+        return self._compute_alone[name]
 
     def estimate(self, kernel: LoweredPattern) -> CpuEstimate:
         """T_fused and the penalty of the kernel."""

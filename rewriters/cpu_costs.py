@@ -1,7 +1,7 @@
 """The delta evaluator's costs (cpu_cost_model.py, which names them and
 holds the builtin ones) measured on the machine the rewrite runs on.
 
-A short calibration run (about two seconds) measures, with TensorFlow's own CPU
+A short calibration run (a few seconds) measures, with TensorFlow's own CPU
 kernels in the process's thread configuration, each time a median less the
 call's own overhead (launch, bandwidth and cache speed-up: the median of three
 such measurements):
@@ -20,7 +20,15 @@ such measurements):
   the op is compute-bound here: over 1M elements, an op that takes longer
   than a cheap op of the same arity (same bytes) is limited by its
   arithmetic; one that does not is memory-bound and gets no compute cost;
-- "row_cache_bytes": half of the per-core L2 cache, read from sysfs.
+- "row_cache_bytes": half of the per-core L2 cache, read from sysfs;
+- "stream_bandwidth": bytes/s of the 7 ops after the first of a chain of 8
+  such x * y (each writes into the buffer of the one before: no fresh
+  pages), the chain's time less the single op's;
+- "matmul_flops": flop/s of TF's float32 512 x 512 x 512 MatMul;
+- "cores": the cores the process may use (read, not measured);
+- "plan_error": the plan model's (plan_time.py) largest relative error
+  predicting TF's own time for plan_checks.py's graphs with these costs,
+  at most MAX_PLAN_ERROR ("parallel_grain" stays the builtin one).
 
 The result is cached per machine (CPU model, usable cores, TensorFlow
 version) in the kernel cache directory, so the calibration runs once per
@@ -31,8 +39,8 @@ builtin costs is still a correct plan.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import pathlib
 import statistics
 import time
@@ -43,10 +51,12 @@ import numpy as np
 import tensorflow as tf
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.rewriters.cpu_cost_model import BUILTIN, CalibrationError, validate
+from tf_fusionstitch.rewriters.cpu_cost_model import (BUILTIN, LAUNCH_OP_ELEMENTS,
+                                                       CalibrationError, usable_cores, validate)
+from tf_fusionstitch.rewriters import plan_checks
 from tf_fusionstitch.runtime import cache
 
-CALIBRATION_VERSION = "2"
+CALIBRATION_VERSION = "3"
 _SUFFIX = ".cpu-costs.json"
 
 # One TF function per primitive of fusion_ir.EXPENSIVE (inputs in [0.5, 1.5));
@@ -63,6 +73,10 @@ assert set(_UNARY_OPS) | set(_BINARY_OPS) == set(ir.EXPENSIVE)
 # Cache re-reads at most this many times as fast as DRAM (a bound on what a
 # busy machine's measurement can claim).
 MAX_CACHE_SPEEDUP = 64.0
+
+# The plan model's error is at most this: beyond it, the plan guard keeps
+# the XLA-rule plan whatever explore predicts (plan_guard.py).
+MAX_PLAN_ERROR = 0.5
 
 # An op counts as compute-bound when it takes this much longer than a cheap
 # op over the same bytes (below it, timing noise on a shared machine).
@@ -126,7 +140,7 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    cores = _usable_cores()
+    cores = usable_cores()
     threads = (tf.config.threading.get_intra_op_parallelism_threads(),
                tf.config.threading.get_inter_op_parallelism_threads())
     return f"{model}; {cores} cores; TF {tf.__version__}; threads {threads}"
@@ -137,8 +151,8 @@ def calibrate() -> Dict:
     doc. Every time is a median, less the same function's time on a small
     input (the call's own overhead); the memory costs are the medians of
     three such measurements, as a shared machine's load comes and goes."""
-    one, chain257 = _chain(_mul, 1), _chain(_mul, 257)
-    x, y = _inputs(1 << 12)                 # 16 KiB: memory time negligible
+    one, chain8, chain257 = _chain(_mul, 1), _chain(_mul, 8), _chain(_mul, 257)
+    x, y = _inputs(LAUNCH_OP_ELEMENTS)      # 16 KiB: memory time all but negligible
     big, big_ones = _inputs(1 << 23)        # 32 MiB per tensor: beyond any L3
     l2 = l2_cache_bytes()
     runs = []
@@ -146,16 +160,22 @@ def calibrate() -> Dict:
         core_cache = _core_cache_bandwidth(l2 or 512 * 1024)  # first: see its doc
         call = _median(one, x, y)
         launch = (_median(chain257, x, y) - call) / 256
-        bandwidth = 12 * (1 << 23) / (_median(one, big, big_ones, rounds=9) - call)
-        runs.append((call, launch, bandwidth, core_cache))
-    call, launch, bandwidth, core_cache = (statistics.median(r) for r in zip(*runs))
+        single = _median(one, big, big_ones, rounds=9)
+        bandwidth = 12 * (1 << 23) / (single - call)
+        stream = 7 * 12 * (1 << 23) / (_median(chain8, big, big_ones, rounds=9) - single)
+        runs.append((call, launch, bandwidth, stream, core_cache))
+    call, launch, bandwidth, stream, core_cache = (statistics.median(r) for r in zip(*runs))
     _check("launch", launch, 1e-8, 1e-3)
     _check("bandwidth", bandwidth, 1e8, 1e13)
+    _check("streaming bandwidth", stream, 1e8, 1e13)
     _check("one core's cache bandwidth", core_cache, 1e8, 1e13)
-    cache_speedup = _usable_cores() * core_cache / bandwidth
+    cache_speedup = usable_cores() * core_cache / bandwidth
+    matmul_flops = 2 * _MATRIX ** 3 / (_median(_single(tf.matmul, 2), *_matrices()) - call)
+    _check("matmul flop rate", matmul_flops, 1e8, 1e15)
     costs = dict(BUILTIN, launch=launch, bandwidth=bandwidth,
                  cache_speedup=min(max(cache_speedup, 1.0), MAX_CACHE_SPEEDUP),
-                 compute=_compute_costs(call))
+                 compute=_compute_costs(call), cores=usable_cores(), stream_bandwidth=stream,
+                 matmul_flops=matmul_flops)
     if l2:
         costs["row_cache_bytes"] = l2 // 2
     return validate(costs)
@@ -195,11 +215,6 @@ def _numpy_median(n: int, seconds: float = 0.02) -> float:
             np.multiply(x, y, out=out)
         times.append((time.perf_counter() - start) / reps)
     return statistics.median(times)
-
-
-def _usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
 
 
 def _compute_costs(call: float) -> Dict[str, float]:
@@ -253,8 +268,12 @@ def measure_costs() -> Dict:
 def _measured_record() -> Dict:
     start = time.perf_counter()
     costs = measure_costs()
+    with tf.init_scope():
+        checks = plan_checks.run(costs)
+    costs["plan_error"] = min(plan_checks.error(checks), MAX_PLAN_ERROR)
     return {"version": CALIBRATION_VERSION, "machine": machine(),
-            "seconds": round(time.perf_counter() - start, 2), "costs": costs}
+            "seconds": round(time.perf_counter() - start, 2), "costs": validate(costs),
+            "plan_checks": [dataclasses.asdict(c) for c in checks]}
 
 
 def _mul(x, y):
@@ -287,6 +306,14 @@ def _median(fn, x, y, rounds: int = 21) -> float:
         fn(x, y)  # eager calls return when the function has run
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+_MATRIX = 512
+
+
+def _matrices():
+    x = np.random.default_rng(0).uniform(0.5, 1.5, (_MATRIX, _MATRIX)).astype(np.float32)
+    return tf.constant(x), tf.constant(x.T / _MATRIX)
 
 
 def _inputs(n: int):

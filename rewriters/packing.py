@@ -55,7 +55,7 @@ result (TF fuses it into that).
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Sequence, Set
 
 from tf_fusionstitch.rewriters import op_table
 from tf_fusionstitch.rewriters.cpu_cost_model import BUILTIN, DYNAMIC_EXTENT
@@ -334,8 +334,8 @@ def _after_contraction(view: GraphView, nodes: List[str]) -> bool:
                for src, _ in view.data_inputs[n])
 
 
-def boundary_bytes(view: GraphView, nodes: List[str], fetches: Set[Tensor]) -> int:
-    """Bytes of the tensors that enter and leave the group."""
+def boundary_tensors(view: GraphView, nodes: Sequence[str], fetches: Set[Tensor]) -> Set[Tensor]:
+    """The tensors that enter and leave the group."""
     inside = set(nodes)
     tensors = set()
     for n in nodes:
@@ -344,4 +344,9 @@ def boundary_bytes(view: GraphView, nodes: List[str], fetches: Set[Tensor]) -> i
             t = (n, port)
             if t in fetches or any(c not in inside for c in view.data_consumers.get(t, ())):
                 tensors.add(t)
-    return sum(view.tensor_bytes(t, DYNAMIC_EXTENT) for t in tensors)
+    return tensors
+
+
+def boundary_bytes(view: GraphView, nodes: Sequence[str], fetches: Set[Tensor]) -> int:
+    """Bytes of the tensors that enter and leave the group."""
+    return sum(view.tensor_bytes(t, DYNAMIC_EXTENT) for t in boundary_tensors(view, nodes, fetches))
