@@ -107,6 +107,8 @@ def main(argv):
         report = opt.prepare(*args)
         print(f"{label}: memory-intensive kernels TF {report.kernels_before} -> "
               f"{report.kernels_after}, rewrite {report.rewrite_seconds:.1f} s", flush=True)
+        if report.exploration:   # explore's search and its plan guard's choice
+            print(f"  {report.exploration}", flush=True)
         opt(*args)
         calls[label] = opt
     wall, cpu = rounds.time_rounds(calls, args, FLAGS.rounds, FLAGS.warmup, FLAGS.seed)

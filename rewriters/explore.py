@@ -66,10 +66,11 @@ import bisect
 import dataclasses
 import math
 import time
-from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.rewriters import cpu_cost_model, legality, packing, recurrences
+from tf_fusionstitch.rewriters import (cpu_cost_model, legality, packing, plan_guard,
+                                       recurrences)
 from tf_fusionstitch.rewriters.cpu_cost_model import CpuEvaluator, LoweredPattern
 from tf_fusionstitch.rewriters.cycles import Reachability
 from tf_fusionstitch.rewriters.legality import LOWERING_ERRORS, cpu_schedule
@@ -101,6 +102,7 @@ class ExploreStats:
     plan_score: float = 0.0         # final plan, delta evaluator: seconds saved per call
     seconds: float = 0.0
     costs: str = "builtin"          # where the evaluator's costs came from
+    guard: str = ""                 # the plan guard's verdict (plan_guard.py)
 
     def __str__(self) -> str:
         return (f"explore k={self.k} beam={self.beam}: {self.vertices} vertices, "
@@ -113,7 +115,8 @@ class ExploreStats:
                 f"iteration space and {self.packed_apart} into packs of separate "
                 f"spaces, plan saves "
                 f"{self.plan_score * 1e6:.1f} us/call by the delta evaluator "
-                f"(costs: {self.costs}), {self.seconds:.2f} s")
+                f"(costs: {self.costs}), {self.seconds:.2f} s"
+                + (f"; {self.guard}" if self.guard else ""))
 
 
 Pattern = FrozenSet[str]
@@ -425,14 +428,19 @@ def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
                   k: int = 3, beam: int = 3, costs: Optional[Dict] = None,
                   costs_source: str = "builtin", pack: bool = True,
                   loop_vars: Sequence[recurrences.LoopVar] = (),
-                  refusals: Optional[legality.Refusals] = None
+                  refusals: Optional[legality.Refusals] = None,
+                  rules_plan: Optional[Callable[[], List[List[str]]]] = None,
+                  extents: Optional[Callable] = None
                   ) -> Tuple[List[List[str]], ExploreStats]:
     """The explored plan: clusters (every candidate in exactly one, in
     topological order) and what the exploration did. `costs`: the delta
     evaluator's (cpu_cost_model.py), cpu_cost_model.BUILTIN if None. `pack`: step 5,
     packing.py's packs; `loop_vars`: a loop body's variables, (argument
     node, value returned for it) in order, () outside loops; `refusals`
-    hears why a producer-consumer pair could not be one kernel."""
+    hears why a producer-consumer pair could not be one kernel;
+    `rules_plan()`: the XLA-rule plan of the same graph, for the plan guard
+    (plan_guard.py; no guard if None, nor in a loop body), which prices plans at `extents(t)`
+    (a tensor's sizes in the traced call, None where unknown)."""
     start = time.perf_counter()
     costs = cpu_cost_model.validate(dict(costs or cpu_cost_model.BUILTIN))
     recurrence = recurrences.recurrence_ids(view, loop_vars, candidates)
@@ -454,5 +462,23 @@ def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
                                        recurrences.waited_for(view, loop_vars, recurrence))
         explorer.stats.packed_apart = unpacked - len(groups)
         explorer.stats.plan_score += explorer.stats.packed_apart * costs["launch"]
+    if rules_plan is not None and loop_vars:
+        explorer.stats.guard = ("plan guard: not applied in a loop body, as XLA's rules "
+                                "do not keep a recurrence's ops apart: kept the explored plan")
+    elif rules_plan is not None:
+        groups, explorer.stats.guard = _guarded(view, fetches, groups, rules_plan, costs,
+                                                explorer.evaluator.compute_alone, extents)
     explorer.stats.seconds = time.perf_counter() - start
     return groups, explorer.stats
+
+
+def _guarded(view, fetches, groups, rules_plan, costs, compute_of, extents):
+    """The plan guard's choice between `groups` and the XLA-rule plan, and
+    its verdict; the explored plan when the guard fails."""
+    start = time.perf_counter()
+    try:
+        choice = plan_guard.choose(view, fetches, groups, rules_plan(), costs, compute_of,
+                                   extents)
+    except Exception as e:  # noqa: BLE001  (a guard that fails leaves the plan as explored)
+        return groups, f"plan guard failed ({type(e).__name__}: {e}): kept the explored plan"
+    return choice.groups, f"{choice} ({time.perf_counter() - start:.2f} s)"

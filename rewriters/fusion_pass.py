@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
 import os
 import time
-from typing import Callable, Dict, List, Optional, Set
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.options import FusionOptions
@@ -192,7 +193,8 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
                     options: FusionOptions = FusionOptions(),
                     costs: Optional[Dict] = None, costs_source: str = "builtin",
                     input_equalities: Optional[decided_shapes.InputEqualities] = None,
-                    variable_types: Optional[Dict[Tensor, ir.TensorType]] = None
+                    variable_types: Optional[Dict[Tensor, ir.TensorType]] = None,
+                    call_sizes: Optional[Dict[Tuple[str, int], int]] = None
                     ) -> PassResult:
     """`build(clusters)` returns, per cluster, an object with .key/.spec/
     .num_loops/.buffered/.parts (kernels.CompiledKernel) made runnable, or the
@@ -205,7 +207,10 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
     (decided_shapes.py), and where it reports those it relied on;
     `variable_types`: what the graph's resource inputs hold (a captured
     variable's value type), for the functions that read them: a restored
-    SavedModel function reads its variables in a body the graph calls."""
+    SavedModel function reads its variables in a body the graph calls;
+    `call_sizes`: the sizes of the graph's inputs' unknown axes
+    ((Placeholder, axis) -> size) in the call that traced it, which
+    explore's plan guard prices plans at."""
     strategy = strategies.STRATEGIES[options.fusion]
 
     before = memory_intensive_kernels(graph_def)   # the graph TF would run
@@ -218,14 +223,16 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
     library = function_graphs.FunctionGraphs(graph_def.library, graph_def.versions)
     calls = call_dims.CallDims(library) if graph_def.library.function else None
 
-    def run_pass(gd, gd_types, gd_fetches, inputs=None, arg_facts=None, loop_vars=()):
+    def run_pass(gd, gd_types, gd_fetches, inputs=None, arg_facts=None, loop_vars=(),
+                 sizes=None):
         shapes_context = decided_shapes.Context(arg_facts, calls, tuple(loop_vars))
-        context = strategies.Context(gd_fetches, options, tuple(loop_vars), costs, costs_source)
+        context = strategies.Context(gd_fetches, options, tuple(loop_vars), costs, costs_source,
+                                     call_sizes=dict(sizes or {}))
         return _fuse_graph(gd, gd_types, build, strategy, context, inputs, shapes_context)
 
     # A function body's inputs are its caller's values, which no guard
     # checks: only what the caller proves of them (call_facts) holds there.
-    result = run_pass(graph_def, types, fetches, input_equalities)
+    result = run_pass(graph_def, types, fetches, input_equalities, sizes=call_sizes)
     result.kernels_before = before - result.remapper_fused
     if isinstance(moved, str):
         result.clusters.append(ClusterReport(
@@ -260,6 +267,24 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
     return result
 
 
+def typical_extents(origins, call_sizes: Dict[Tuple[str, int], int]):
+    """A tensor's extents as the traced call had them, where its unknown
+    sizes are proven equal to an input's (or products of them), else
+    None for that axis: `extents(t)` -> list, or None for an unknown rank."""
+    def size(d) -> Optional[int]:
+        if isinstance(d, int):
+            return d
+        if d[0] == "prod":
+            sizes = [size(o) for o in d[1]]
+            return None if None in sizes else d[2] * math.prod(sizes)
+        return call_sizes.get(origins.input_dim(d))
+
+    def extents(t: Tensor) -> Optional[List[Optional[int]]]:
+        dims = origins.dims(t)
+        return None if dims is None else [size(d) for d in dims]
+    return extents
+
+
 def _fuse_graph(graph_def, types, build, strategy: strategies.Strategy,
                 context: strategies.Context,
                 input_equalities: Optional[decided_shapes.InputEqualities],
@@ -288,6 +313,7 @@ def _fuse_graph(graph_def, types, build, strategy: strategies.Strategy,
     view = analyses.view(graph_def, types).with_dims(origins.dims)
     call_facts = {node: {fname: call_dims.portable(args) for fname, args in by_function.items()}
                   for node, by_function in origins.call_args.items()}
+    context = dataclasses.replace(context, extents=typical_extents(origins, context.call_sizes))
     verdict = fusible_nodes(view, fetches)
     candidates = {n for n, why in verdict.items() if not why}
     epilogues = remapper_epilogues.fused_epilogues(graph_def, fetches, candidates)

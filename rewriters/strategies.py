@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Dict, List, Optional, Set
+from typing import Callable, Dict, List, Optional, Set
 
 from tf_fusionstitch.options import FusionOptions
 from tf_fusionstitch.rewriters import (clustering, explore, legality, packing, recurrences,
@@ -35,6 +35,11 @@ class Context:
     loop_vars: tuple = ()        # a loop body's (argument node, returned value) pairs
     costs: Optional[Dict] = None   # the delta evaluator's (cpu_cost_model.py); BUILTIN if None
     costs_source: str = "builtin"
+    # (Placeholder, axis) -> size in the traced call, and per tensor its
+    # extents at those sizes (fusion_pass.typical_extents): what explore's
+    # plan guard prices plans at.
+    call_sizes: Dict = dataclasses.field(default_factory=dict)
+    extents: Optional[Callable] = None
 
 
 @dataclasses.dataclass
@@ -95,8 +100,18 @@ class Explore(Strategy):
         groups, stats = explore.form_clusters(
             view, candidates, context.fetches, k=o.explore_k, beam=o.explore_beam,
             costs=context.costs, costs_source=context.costs_source, pack=o.pack,
-            loop_vars=context.loop_vars, refusals=refusals)
+            loop_vars=context.loop_vars, refusals=refusals,
+            rules_plan=(lambda: _xla_rule_plan(view, candidates, context.fetches))
+            if o.explore_guard else None,
+            extents=context.extents)
         return Formed(groups, {}, refusals.first, str(stats))
+
+
+def _xla_rule_plan(view, candidates, fetches) -> List[List[str]]:
+    """XLA's fusion rules on the graph as given (Softmax not expanded): the
+    plan explore's guard weighs its own against."""
+    rejected = xla_like.unfusible_alone(view, candidates, fetches)
+    return xla_like.form_clusters(view, candidates - set(rejected), fetches)
 
 
 # In options.STRATEGIES' order (tests/rewriters/test_strategies.py checks the names agree).

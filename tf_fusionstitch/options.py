@@ -40,6 +40,10 @@ class FusionOptions:
     costs: str = _option("calibrated", str, "fusion='explore': the delta evaluator's costs, "
                          "'calibrated' (measured on this machine once, then cached: "
                          "rewriters/cpu_costs.py) or 'builtin'", choices=COSTS)
+    explore_guard: bool = _option(True, bool, "fusion='explore': keep the XLA-rule plan "
+                                  "where the plan model does not predict the explored plan "
+                                  "faster by more than its error on this machine "
+                                  "(rewriters/plan_guard.py)")
     pack: bool = _option(True, bool, "fusion='stitch' or 'explore': pack kernels that no "
                          "path connects into one launch (rewriters/packing.py)")
     rewrite_cache: bool = _option(True, bool, "reuse the rewrite of an identical traced "
@@ -108,4 +112,4 @@ class FusionOptions:
 # Options that do not change the rewritten graph, so stay out of the rewrite cache's key.
 NOT_IN_CACHE_KEY = ("rewrite_cache", "measured_choice", "background")
 # Options that only mean something under fusion="explore".
-EXPLORE_ONLY = ("explore_k", "explore_beam", "costs")
+EXPLORE_ONLY = ("explore_k", "explore_beam", "costs", "explore_guard")

@@ -44,6 +44,11 @@ class InputSizes:
         # Classes of input sizes (Placeholder, axis) this trace may take as equal.
         self.classes = [[(self._name_of[leaf], axis) for leaf, axis in group]
                         for group in version.equal_classes(unknown)]
+        # (Placeholder, axis) -> its size in the call that made the version:
+        # explore's plan guard prices plans at these sizes.
+        self.first_sizes = {(self._name_of[leaf], axis): version.first_size(leaf, axis)
+                            for leaf, axis in unknown
+                            if version.first_size(leaf, axis) is not None}
         self._class_of = {d: i for i, group in enumerate(self.classes) for d in group}
 
     def allowed(self, pair) -> bool:
@@ -77,10 +82,11 @@ def _rewrite(concrete, inputs: InputSizes, options: FusionOptions, name: str):
     # (dtype, shape) per tensor; TensorSpecs, 5x dearer, only if we rewrite
     known = {t.name: (t.dtype, t.shape) for op in graph.get_operations() for t in op.outputs}
     variables = captured_variable_types(concrete)
-    costs, costs_source = None, options.costs
+    costs, costs_source, call_sizes = None, options.costs, {}
     if options.fusion == "explore":
         costs, costs_source = (cpu_costs.for_this_machine() if costs_source == "calibrated"
                                else (dict(cpu_cost_model.BUILTIN), costs_source))
+        call_sizes = inputs.first_sizes
     key, names = None, None
     if options.rewrite_cache:
         names = trace_names.TraceNames(graph_def)
@@ -88,6 +94,8 @@ def _rewrite(concrete, inputs: InputSizes, options: FusionOptions, name: str):
         if costs is not None:  # the plan depends on the values, not the option's name
             key_options["costs"] = json.dumps(costs, sort_keys=True)
         key_options["equal_sizes"] = inputs.classes
+        if call_sizes:   # explore's plan guard prices the plans at these sizes
+            key_options["call_sizes"] = sorted(call_sizes.items())
         key = rewrite_cache.make_key(
             names.canonical(graph_def).SerializeToString(deterministic=True), outputs,
             control,
@@ -118,7 +126,7 @@ def _rewrite(concrete, inputs: InputSizes, options: FusionOptions, name: str):
     def build(clusters):
         return build_kernels(clusters, options.compile_timeout)
     result = run_fusion_pass(graph_def, types, fetches, build, options, costs, costs_source,
-                             equalities, variables)
+                             equalities, variables, call_sizes)
     output_names = []
     for tensor in outputs:
         src, port, _ = parse_input(tensor)

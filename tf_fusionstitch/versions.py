@@ -76,15 +76,21 @@ class Version:
         self.report = None                                # its latest trace's (api.Report)
         self.choice = None        # measured_choice.MeasuredChoice, when optimize was asked to
 
+    def first_size(self, leaf: int, axis: int) -> Optional[int]:
+        """The size of the argument's axis in the call that made this
+        version, if known: the sizes a plan is priced at."""
+        shape = self._first_sizes[leaf] if leaf < len(self._first_sizes) else None
+        return shape[axis] if shape is not None and axis < len(shape) else None
+
     def equal_classes(self, dims: Sequence[LeafDim]) -> List[List[LeafDim]]:
         """`dims` grouped into classes a trace may take as equal (classes of
         one left out), in a deterministic order."""
         if self.guard is None:
             by_size: Dict[int, List[LeafDim]] = {}
             for leaf, axis in dims:
-                shape = self._first_sizes[leaf] if leaf < len(self._first_sizes) else None
-                if shape is not None and axis < len(shape) and shape[axis] is not None:
-                    by_size.setdefault(shape[axis], []).append((leaf, axis))
+                size = self.first_size(leaf, axis)
+                if size is not None:
+                    by_size.setdefault(size, []).append((leaf, axis))
             groups = list(by_size.values())
         else:
             # The guard's pairs closed under transitivity: a == b, b == c give a == c.
@@ -142,7 +148,7 @@ class Versions:
             if version is not None:
                 return version
             if len(self._by_key) < MAX_VERSIONS:
-                return self._new(key)
+                return self._new(key, sizes)
             fitting = [v for v in self._by_key.values() if v.meets(sizes)]
         if fitting:
             return max(fitting, key=lambda v: len(v.guard))

@@ -5,9 +5,12 @@ plans scored by the delta evaluator, remote fusion (kernel packing).
 Explored plans go through the same lowering, schedule and codegen as stitch's,
 so their results must equal TF's under docs/DESIGN.md, "Numerics" (see
 optimize_testlib.py) on fresh seeded random inputs, and they should need no
-more kernels than the greedy plan.
+more kernels than the greedy plan. The tests of the search turn the plan
+guard off (explore_guard=False): its choice depends on this machine's
+calibration; PlanGuardTest tests the guard.
 """
 
+import re
 from unittest import mock
 
 import numpy as np
@@ -17,7 +20,7 @@ from tensorflow.core.framework import graph_pb2
 import tf_fusionstitch as fs
 from optimize_testlib import (EPS, assert_same, assert_train_steps_match, fusion_stitch_nodes,
                               make_stateful_step, quiet_call, random, rng, to_numpy)
-from tf_fusionstitch.rewriters import explore
+from tf_fusionstitch.rewriters import cpu_cost_model, cpu_costs, explore
 from tf_fusionstitch.rewriters.cycles import Reachability, cluster_spans, creates_cycle
 from tf_fusionstitch.rewriters.graph_view import GraphView
 
@@ -72,7 +75,8 @@ class ExplorePatternTest(tf.test.TestCase):
         expected = tf.nest.flatten(fn(*args))
         kernels = {}
         for fusion in ("explore", "stitch"):
-            opt = fs.optimize(fn, fusion=fusion)
+            guard = {"explore_guard": False} if fusion == "explore" else {}
+            opt = fs.optimize(fn, fusion=fusion, **guard)
             actual = tf.nest.flatten(quiet_call(opt, *args))
             report = opt.report()
             for a, e in zip(actual, expected):
@@ -160,7 +164,7 @@ class WideRowsTest(tf.test.TestCase):
                 tf.constant(0.1 * gen.standard_normal(hidden), tf.float32))
         tol = (hidden + 8) * EPS["float32"]
         for costs in ("builtin", "calibrated"):
-            opt = fs.optimize(f, fusion="explore", costs=costs)
+            opt = fs.optimize(f, fusion="explore", explore_guard=False, costs=costs)
             assert_same(self, quiet_call(opt, *args), f(*args), "chain", rtol=tol, atol=tol,
                         msg=costs)
             self.assertEqual(opt.report().kernels_after, 1, f"{costs}: {opt.report()}")
@@ -189,7 +193,8 @@ class UncheckedPricingTest(tf.test.TestCase):
         args = (random(gen, (6, HIDDEN), "float32"), random(gen, (6, HIDDEN), "float32"))
         real, ir.Cluster.validate = ir.Cluster.validate, refuse_tanh
         try:
-            opt = fs.optimize(f, fusion="explore", pack=False, rewrite_cache=False)
+            opt = fs.optimize(f, fusion="explore", explore_guard=False, pack=False,
+                              rewrite_cache=False)
             with self.assertWarnsRegex(RuntimeWarning, "lowering: refused by the test"):
                 actual = opt(*args)
         finally:
@@ -215,7 +220,7 @@ class NeighbourMergeTest(tf.test.TestCase):
 
         gen = rng(9590)
         args = (random(gen, (6, HIDDEN), "float32"), random(gen, (6, HIDDEN), "float32"))
-        opt = fs.optimize(f, fusion="explore")
+        opt = fs.optimize(f, fusion="explore", explore_guard=False)
         assert_same(self, quiet_call(opt, *args), f(*args), "transcendental")
         self.assertEqual(opt.report().kernels_after, 1, str(opt.report()))
         self.assertRegex(str(opt.report()),
@@ -236,7 +241,7 @@ class RemoteFusionTest(tf.test.TestCase):
         expected = f(*args)
         counts = {}
         for plan, options in (("unpacked", {"pack": False}), ("stitch", {}),
-                              ("explore", {"fusion": "explore"})):
+                              ("explore", {"fusion": "explore", "explore_guard": False})):
             opt = fs.optimize(f, **options)
             actual = quiet_call(opt, *args)
             for a, e in zip(actual, expected):
@@ -261,7 +266,8 @@ class RemoteFusionTest(tf.test.TestCase):
         kernels = {}
         for limit in (300 << 10, float("inf")):
             with mock.patch.object(explore, "REMOTE_MAX_BYTES", limit):
-                opt = fs.optimize(f, fusion="explore", pack=False, rewrite_cache=False)
+                opt = fs.optimize(f, fusion="explore", explore_guard=False, pack=False,
+                                  rewrite_cache=False)
                 for a, e in zip(quiet_call(opt, *args), expected):
                     assert_same(self, a, e, "transcendental", msg=str(limit))
             kernels[limit] = opt.report().kernels_after
@@ -279,7 +285,7 @@ class RemoteFusionTest(tf.test.TestCase):
         args = (random(gen, (6, HIDDEN), "float32"), random(gen, (5, 7), "float32"))
         expected = f(*args)
         for pack, kernels in ((True, 1), (False, 2)):
-            opt = fs.optimize(f, fusion="explore", pack=pack)
+            opt = fs.optimize(f, fusion="explore", explore_guard=False, pack=pack)
             for a, e in zip(quiet_call(opt, *args), expected):
                 assert_same(self, a, e, "transcendental", msg=f"pack={pack}")
             report = opt.report()
@@ -305,7 +311,7 @@ class RemoteFusionTest(tf.test.TestCase):
 
         gen = rng(9610)
         args = (random(gen, (8, 8), "float32"), random(gen, (8, 8), "float32"))
-        opt = fs.optimize(f, fusion="explore")
+        opt = fs.optimize(f, fusion="explore", explore_guard=False)
         for a, e in zip(quiet_call(opt, *args), f(*args)):
             assert_same(self, a, e, "transcendental")
         # exp-relu chain and sigmoid-mul pack (both read only x); the chain
@@ -325,7 +331,7 @@ class RemoteFusionTest(tf.test.TestCase):
         gen = rng(9630)
         args = (random(gen, (512, 512), "float32"), random(gen, (512, 512), "float32") * 0.05,
                 random(gen, (512, 512), "float32"))
-        opt = fs.optimize(f, fusion="explore")
+        opt = fs.optimize(f, fusion="explore", explore_guard=False)
         for a, e in zip(quiet_call(opt, *args), f(*args)):
             assert_same(self, a, e, "transcendental")
         report = opt.report()
@@ -342,7 +348,7 @@ class RemoteFusionTest(tf.test.TestCase):
 
         gen = rng(9615)
         args = tuple(random(gen, (8, 8), "float32") for _ in range(3))
-        opt = fs.optimize(f, fusion="explore")
+        opt = fs.optimize(f, fusion="explore", explore_guard=False)
         for a, e in zip(quiet_call(opt, *args), f(*args)):
             assert_same(self, a, e, "transcendental")
         # one of the two patterns; the other side's ops stay apart: 3 kernels
@@ -363,7 +369,7 @@ class RemoteFusionTest(tf.test.TestCase):
 
         gen = rng(9620)
         args = tuple(random(gen, (8, 8), "float32") for _ in range(3))
-        opt = fs.optimize(f, fusion="explore")
+        opt = fs.optimize(f, fusion="explore", explore_guard=False)
         for a, e in zip(quiet_call(opt, *args), f(*args)):
             assert_same(self, a, e, "transcendental")
         self.assertEqual(opt.report().kernels_after, 3, str(opt.report()))
@@ -417,7 +423,7 @@ class StatefulTest(tf.test.TestCase):
         ref_step, ref_v, ref_count = make_stateful_step(9700, noise=True)
         tf.random.set_seed(1)
         step, v, count = make_stateful_step(9700, noise=True)
-        opt = fs.optimize(step, fusion="explore")
+        opt = fs.optimize(step, fusion="explore", explore_guard=False)
         gen = rng(9701)
         for i in range(3):
             x = random(gen, (4, 8), "float32")
@@ -463,10 +469,45 @@ class OptionsTest(tf.test.TestCase):
         gen = rng(9800)
         args = (random(gen, (6, HIDDEN), "float32"), random(gen, (HIDDEN,), "float32"),
                 random(gen, (HIDDEN,), "float32"))
-        opt = fs.optimize(f, fusion="explore", explore_k=1, explore_beam=1)
+        opt = fs.optimize(f, fusion="explore", explore_guard=False, explore_k=1, explore_beam=1)
         assert_same(self, quiet_call(opt, *args), f(*args), rtol=_NORM_TOL, atol=_NORM_TOL)
         self.assertIn("explore k=1 beam=1", str(opt.report()))
         self.assertEqual(opt.report().kernels_after, 1, str(opt.report()))
+
+
+class PlanGuardTest(tf.test.TestCase):
+    """The plan guard (rewriters/plan_guard.py) keeps the explored plan or the
+    XLA-rule plan, says which and why, and either gives TF's results."""
+
+    def test_the_report_names_the_plan_kept_and_both_give_tfs_results(self):
+        gen = rng(9900)
+        x = random(gen, (4, 16, HIDDEN), "float32")
+        weights = [random(gen, s, "float32") for s in ((HIDDEN,), (HIDDEN,))]
+        f = tf.function(lambda x, g, b: tf.nn.softmax(_layernorm(x, g, b) * 2.0))
+        expected = f(x, *weights)
+        kept = {}
+        for error in (0.0, 0.99):
+            costs = dict(cpu_cost_model.BUILTIN, plan_error=error)
+            with mock.patch.object(cpu_costs, "for_this_machine",
+                                   return_value=(costs, "calibrated")):
+                opt = fs.optimize(f, fusion="explore", rewrite_cache=False)
+                assert_same(self, quiet_call(opt, x, *weights), expected, "transcendental")
+            report = opt.report()
+            self.assertRegex(report.exploration, r"plan guard: explored plan [\d.]+ ms")
+            kept[error] = re.search(r"kept the ([\w-]+) plan", report.exploration).group(1)
+            if kept[error] == "XLA-rule":  # layernorm's two reductions: two kernels
+                self.assertGreater(report.kernels_after, 1, str(report))
+        # beyond a 99% error nothing is certain; with none, the faster prediction wins
+        self.assertEqual(kept[0.99], "XLA-rule")
+        self.assertEqual(kept[0.0], "explored")
+
+    def test_no_guard_no_verdict(self):
+        f = tf.function(lambda x: tf.nn.relu(x * 2.0) + 1.0)
+        opt = fs.optimize(f, fusion="explore", explore_guard=False)
+        quiet_call(opt, tf.ones([4, 8]))
+        self.assertNotIn("plan guard", opt.report().exploration)
+        with self.assertRaisesRegex(ValueError, "explore_guard applies only"):
+            fs.optimize(f, explore_guard=False)
 
 
 class CycleCheckTest(tf.test.TestCase):
@@ -534,7 +575,7 @@ class ReferenceModelTest(tf.test.TestCase):
         Adam steps match TF (tolerances of test_reference_models.py)."""
         reference = models.build("bert", "tiny", seed=11)
         fused = models.build("bert", "tiny", seed=11)
-        opt = fs.optimize(fused.train_step, fusion="explore")
+        opt = fs.optimize(fused.train_step, fusion="explore", explore_guard=False)
         assert_train_steps_match(self, reference, fused, opt, np.random.default_rng(12))
         report = opt.report()
         self.assertEmpty(report.fallbacks, str(report))
@@ -553,7 +594,8 @@ class ReferenceModelTest(tf.test.TestCase):
         without them the plan was at 60%. Only the plans are built here; the
         tiny models' tests check the results."""
         counts = {}
-        for fusion, options in (("xla_like", {}), ("explore", {"costs": "builtin"})):
+        for fusion, options in (("xla_like", {}),
+                                ("explore", {"costs": "builtin", "explore_guard": False})):
             model = models.build("dien", "real", seed=13)
             batch = model.make_batch(np.random.default_rng(14), 128)
             opt = fs.optimize(model.train_step, fusion=fusion, **options)

@@ -147,7 +147,9 @@ class ManySmallUpdatesTest(tf.test.TestCase):
         self._check([(8,)])
 
     def test_explore_mixed_shapes(self):
-        self._check([(8,), (3, 3, 16), (128,)], fusion="explore")
+        # the explored plan itself, not the plan guard's choice (which may
+        # keep the XLA-rule plan, with no packs)
+        self._check([(8,), (3, 3, 16), (128,)], fusion="explore", explore_guard=False)
 
 
 @tf.function
