@@ -170,10 +170,19 @@ FREE_OPS = frozenset({"Identity", "IdentityN", "NoOp", "Const", "Placeholder", "
                       "ExpandDims", "Shape", "ShapeN", "Size", "Rank", "PreventGradient"})
 
 
+# Unknown axes of one tensor priced at DYNAMIC_EXTENT; any further ones at 1.
+# A graph's inputs have a batch and maybe a sequence axis of unknown size; a
+# tensor with more unknown axes is a reshape of those (a grouped-query
+# attention's gradient reshapes to ten unknown axes): DYNAMIC_EXTENT on every
+# axis would price it at 32^10 elements.
+PRICED_UNKNOWN_AXES = 2
+
+
 class Sizes:
     """A graph's tensor sizes as the plan model prices them: static ones,
     the traced call's where `typical(t)` knows them (a list per axis, None
-    where it does not), DYNAMIC_EXTENT for the rest."""
+    where it does not), DYNAMIC_EXTENT for the rest (for at most
+    PRICED_UNKNOWN_AXES of a tensor's axes, 1 beyond)."""
 
     def __init__(self, view: GraphView,
                  typical: Optional[Callable[[Tensor], Optional[list]]] = None):
@@ -188,8 +197,13 @@ class Sizes:
         known = self._typical(t) if typical and self._typical and None in tt.shape else None
         if known is None or len(known) != len(tt.shape):
             known = [None] * len(tt.shape)
-        return [d if d is not None else k if k is not None else DYNAMIC_EXTENT
-                for d, k in zip(tt.shape, known)]
+        extents, unknown = [], 0
+        for d, k in zip(tt.shape, known):
+            if d is None and k is None:
+                unknown += 1
+                d = DYNAMIC_EXTENT if unknown <= PRICED_UNKNOWN_AXES else 1
+            extents.append(d if d is not None else k)
+        return extents
 
     def elements(self, t: Tensor, typical: bool = True) -> int:
         ext = self.extents(t, typical)

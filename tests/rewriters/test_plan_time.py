@@ -135,6 +135,19 @@ class PricingTest(tf.test.TestCase):
         self.assertEqual(unknown.extents((matmul, 0)),
                          [cpu_cost_model.DYNAMIC_EXTENT, 8])
 
+    def test_unknown_axes_beyond_two_are_priced_at_one(self):
+        @tf.function
+        def f(x, shape):
+            return tf.reshape(x, shape) * 2.0
+
+        view = view_of(f, tf.TensorSpec([None]), tf.TensorSpec([6], tf.int32))
+        mul = next(n for n in view.nodes if view.nodes[n].op == "Mul")
+        sizes = plan_time.Sizes(view)
+        self.assertEqual(list(sizes.view.type_of((mul, 0)).shape), [None] * 6)
+        # 32 x 32, not 32^6: no more than a batch and a sequence axis unknown
+        self.assertEqual(sizes.extents((mul, 0)), [32, 32, 1, 1, 1, 1])
+        self.assertEqual(sizes.elements((mul, 0)), 32 * 32)
+
     def test_a_group_is_one_unit_reading_what_its_members_read(self):
         @tf.function
         def f(x):
