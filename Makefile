@@ -47,7 +47,7 @@ demo: $(STAMP)
 # The TF-free tests where TensorFlow is not installed, then the others with it.
 test: $(STAMP) $(CORE_STAMP)
 	$(CORE_PY) -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=2 -m core tests $(PYTEST_ARGS)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=2 -m "not core" tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=2 --durations=25 -m "not core" tests $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/patterns.py $(BENCH_ARGS)
