@@ -63,6 +63,11 @@ def check_on_two_workers():
     print(_DONE)
 
 
+def _text(output) -> str:
+    """A timed-out run's captured output (bytes, or None when it wrote nothing)."""
+    return (output or b"").decode(errors="replace") if not isinstance(output, str) else output
+
+
 class LocalClusterTest(tf.test.TestCase):
 
     def test_data_pipeline_and_operator_plans_on_two_workers(self):
@@ -70,8 +75,14 @@ class LocalClusterTest(tf.test.TestCase):
         tests = os.path.dirname(here)   # where parallelize_testlib is
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [tests] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-        result = subprocess.run([sys.executable, os.path.abspath(__file__)],
-                                capture_output=True, text=True, timeout=300, env=env)
+        # -u: unbuffered, so a run killed at the timeout still shows the steps that passed
+        try:
+            result = subprocess.run([sys.executable, "-u", os.path.abspath(__file__)],
+                                    capture_output=True, text=True, timeout=300, env=env)
+        except subprocess.TimeoutExpired as e:
+            self.fail("the checks took over 300 s (the last line of their output is the "
+                      f"last step that passed):\n{_text(e.stdout)[-3000:]}\n"
+                      f"{_text(e.stderr)[-3000:]}")
         self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
         self.assertIn(_DONE, result.stdout)
         print(result.stdout)
