@@ -45,14 +45,16 @@ demo: $(STAMP)
 	$(PY) -m tf_fusionstitch.tools.demo
 
 # The TF-free tests where TensorFlow is not installed, then the others with it:
-# the whole models (tests/models) in workers of their own, which exit with the
-# memory they hold (a worker that went on to the planner's multi-process tests
-# grew to 12 GB and was killed on a 24 GB machine), then the rest.
+# the whole models (tests/models), in two parts, each in workers of their own,
+# which exit with the memory they hold (a worker's memory grows with every
+# model it builds: one that went on to the planner's multi-process tests
+# reached 12 GB and was killed on a 24 GB machine), then the rest.
 test: $(STAMP) $(CORE_STAMP)
 	$(CORE_PY) -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=2 -m core tests $(PYTEST_ARGS) \
 		|| test $$? -eq 5   # 5: PYTEST_ARGS chose none of these tests
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=2 --durations=15 -m "not core" \
-		tests/models $(PYTEST_ARGS) || test $$? -eq 5
+	for part in 1/2 2/2; do TF_FUSIONSTITCH_TEST_MODEL_PART=$$part \
+		$(PY) -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=2 --durations=15 -m "not core" \
+		tests/models $(PYTEST_ARGS) || test $$? -eq 5 || exit 1; done
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=2 --durations=15 -m "not core" \
 		--ignore=tests/models tests $(PYTEST_ARGS) || test $$? -eq 5
 
