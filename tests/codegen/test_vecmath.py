@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 
 from tf_fusionstitch.codegen.vecmath import CPP_PRELUDE, FLOAT32_FUNCTIONS, ULP_BOUNDS
+from tf_fusionstitch.runtime import cpu_compiler
 
 NAMES = tuple(FLOAT32_FUNCTIONS)  # exp, expm1, log, log1p, tanh, sigmoid, erf, erfc
-FLAGS = ["-std=c++17", "-O3", "-fPIC", "-shared", "-fopenmp-simd", "-ffp-contract=off",
+FLAGS = ["-std=c++17", cpu_compiler.OPT_LEVEL, "-fPIC", "-shared", "-fopenmp-simd", "-ffp-contract=off",
          "-fwrapv", "-fno-math-errno", "-Wall", "-Wextra", "-Werror"]
 FLT_MAX = float(np.finfo(np.float32).max)
 INF = math.inf
@@ -351,4 +352,4 @@ def test_prelude_includes_only_the_allowed_headers():
     includes = set(re.findall(r"#include\s*<([^>]+)>", CPP_PRELUDE))
     assert includes == {"cstdint", "cstring", "limits"}
     for name, fn in FLOAT32_FUNCTIONS.items():
-        assert f"static inline float {fn}(float x)" in CPP_PRELUDE, name
+        assert f"FS_INLINE float {fn}(float x)" in CPP_PRELUDE, name

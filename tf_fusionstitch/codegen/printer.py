@@ -86,17 +86,17 @@ CPP = Target(
 // Selects through bit masks for floating types: GCC keeps FP exceptions without
 // -ffast-math and will not if-convert `c ? a : b` on computed values, which
 // leaves the loop scalar (see vecmath.py).
-static inline float fs_select(bool c, float a, float b) { return fs__sel(c, a, b); }
-static inline double fs_select(bool c, double a, double b) { return fs__sel64(c, a, b); }
-template <typename T> static inline T fs_select(bool c, T a, T b) { return c ? a : b; }
-static inline double fs_sigmoid(double x) { return 1.0 / (1.0 + __builtin_exp(-x)); }
+FS_INLINE float fs_select(bool c, float a, float b) { return fs__sel(c, a, b); }
+FS_INLINE double fs_select(bool c, double a, double b) { return fs__sel64(c, a, b); }
+template <typename T> FS_INLINE T fs_select(bool c, T a, T b) { return c ? a : b; }
+FS_INLINE double fs_sigmoid(double x) { return 1.0 / (1.0 + __builtin_exp(-x)); }
 // Softplus as TensorFlow computes it: thresholds at log(epsilon) + 2, and
 // log1p(exp(x)) in between (log(exp(x) + 1) loses up to ~7% near the threshold).
-static inline float fs_softplusf(float x) {
+FS_INLINE float fs_softplusf(float x) {
   const float th = -13.942385f, e = fs_expf(x);
   return fs_select(x > -th, x, fs_select(x < th, e, fs_log1pf(e)));
 }
-static inline double fs_softplus(double x) {
+FS_INLINE double fs_softplus(double x) {
   const double th = -34.04365338911715, e = __builtin_exp(x);
   return fs_select(x > -th, x, fs_select(x < th, e, __builtin_log1p(e)));
 }
@@ -114,7 +114,7 @@ static inline double fs_softplus(double x) {
 #endif
 #if FS_STREAM_LANES
 typedef float fs_vf32 __attribute__((vector_size(FS_STREAM_LANES * 4)));
-static inline void fs_stream_f32(float* p, fs_vf32 v) {
+FS_INLINE void fs_stream_f32(float* p, fs_vf32 v) {
 #if defined(__clang__)
   __builtin_nontemporal_store(v, reinterpret_cast<fs_vf32*>(p));
 #elif FS_STREAM_LANES == 16
@@ -252,9 +252,9 @@ _EXPR = {
 }
 
 _FLOOR_MOD = r"""
-static inline float fs__fmod(float x, float y) { return __builtin_fmodf(x, y); }
-static inline double fs__fmod(double x, double y) { return __builtin_fmod(x, y); }
-template <typename T> static inline T fs_floor_mod(T x, T y) {
+FS_INLINE float fs__fmod(float x, float y) { return __builtin_fmodf(x, y); }
+FS_INLINE double fs__fmod(double x, double y) { return __builtin_fmod(x, y); }
+template <typename T> FS_INLINE T fs_floor_mod(T x, T y) {
   const T r = fs__fmod(x, y);
   return fs_select(r != T(0) && ((y < T(0)) != (r < T(0))), r + y, r);
 }

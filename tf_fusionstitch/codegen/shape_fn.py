@@ -74,7 +74,7 @@ def format_meta(c, n_ext: int, forward, export: str) -> str:
 
 
 # Shape functions run once per call, on a few integers: optimised as -O1, not
-# the kernels' -O3, a library of MobileNetV2's kernels compiles 10-15% faster
+# the kernels' -O3 (now -O2), a library of MobileNetV2's kernels compiles 10-15% faster
 # (8.1-8.9 -> 7.3-7.6 s of CPU), and a call still takes 8-19 ns (it took
 # 8-16). GCC keeps the command line's other flags (-fwrapv) in such a function.
 SHAPE_FN_ATTRIBUTES = '__attribute__((optimize("O1")))'

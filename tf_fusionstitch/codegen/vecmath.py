@@ -1,8 +1,8 @@
 """Vectorisable float32 math for the generated C++ kernels (no TensorFlow here).
 
 `CPP_PRELUDE` is C++17 text placed at the top of every CPU kernel. It defines
-`static inline` float32 functions that GCC vectorises inside `#pragma omp simd`
-loops under the project's flags (`-O3 -march=native -fopenmp-simd
+always-inlined float32 functions that GCC vectorises inside `#pragma omp simd`
+loops under the project's flags (`-O2 -march=native -fopenmp-simd
 -ffp-contract=off -fwrapv -fno-math-errno`, no -ffast-math; also with plain
 x86-64 SSE2 or AVX2):
 
@@ -123,8 +123,13 @@ CPP_PRELUDE = r"""
 #include <cstring>
 #include <limits>
 
-static inline uint32_t fs__bits(float x) { uint32_t u; std::memcpy(&u, &x, sizeof u); return u; }
-static inline float fs__float(uint32_t u) { float x; std::memcpy(&x, &u, sizeof x); return x; }
+// Always inlined: a call left in a `#pragma omp simd` loop keeps it scalar, and
+// -O2 (cpu_compiler.OPT_LEVEL) will not inline a function this size that a
+// kernel calls from more than one loop.
+#define FS_INLINE static inline __attribute__((always_inline))
+
+FS_INLINE uint32_t fs__bits(float x) { uint32_t u; std::memcpy(&u, &x, sizeof u); return u; }
+FS_INLINE float fs__float(uint32_t u) { float x; std::memcpy(&x, &u, sizeof x); return x; }
 // Float selects go through bit masks. Without -ffast-math GCC keeps FP
 // exceptions (-ftrapping-math): given `c ? a : b` on floats it may sink the
 // computation of a or b into a branch, or specialise the code after a clamp to
@@ -133,23 +138,23 @@ static inline float fs__float(uint32_t u) { float x; std::memcpy(&x, &u, sizeof 
 // to specialise. Integer `c ? a : b` (fs__imin and friends) cannot trap and
 // becomes vpminsd / vpblendmd. A float compare plus blend costs about two
 // FMAs of throughput, so the clamps below work on the bit patterns instead.
-static inline float fs__sel(bool c, float a, float b) {
+FS_INLINE float fs__sel(bool c, float a, float b) {
   uint32_t m = 0u - (uint32_t)c;
   return fs__float((fs__bits(a) & m) | (fs__bits(b) & ~m));
 }
 // The double version (used by the kernel printer's fs_select).
-static inline uint64_t fs__bits64(double x) { uint64_t u; std::memcpy(&u, &x, sizeof u); return u; }
-static inline double fs__double(uint64_t u) { double x; std::memcpy(&x, &u, sizeof x); return x; }
-static inline double fs__sel64(bool c, double a, double b) {
+FS_INLINE uint64_t fs__bits64(double x) { uint64_t u; std::memcpy(&u, &x, sizeof u); return u; }
+FS_INLINE double fs__double(uint64_t u) { double x; std::memcpy(&x, &u, sizeof x); return x; }
+FS_INLINE double fs__sel64(bool c, double a, double b) {
   uint64_t m = (uint64_t)0 - (uint64_t)c;
   return fs__double((fs__bits64(a) & m) | (fs__bits64(b) & ~m));
 }
-static inline int32_t fs__imin(int32_t a, int32_t b) { return a < b ? a : b; }
-static inline int32_t fs__imax(int32_t a, int32_t b) { return a > b ? a : b; }
-static inline uint32_t fs__umin(uint32_t a, uint32_t b) { return a < b ? a : b; }
-static inline float fs__fabs(float x) { return fs__float(fs__bits(x) & 0x7fffffffu); }
+FS_INLINE int32_t fs__imin(int32_t a, int32_t b) { return a < b ? a : b; }
+FS_INLINE int32_t fs__imax(int32_t a, int32_t b) { return a > b ? a : b; }
+FS_INLINE uint32_t fs__umin(uint32_t a, uint32_t b) { return a < b ? a : b; }
+FS_INLINE float fs__fabs(float x) { return fs__float(fs__bits(x) & 0x7fffffffu); }
 // |mag| (sign bit clear) with the sign bit of sgn.
-static inline float fs__with_sign(float mag, float sgn) {
+FS_INLINE float fs__with_sign(float mag, float sgn) {
   return fs__float(fs__bits(mag) | (fs__bits(sgn) & 0x80000000u));
 }
 // a * b + c. Where the target has a fast fmaf (GCC: __FP_FAST_FMAF; x86-64
@@ -160,7 +165,7 @@ static inline float fs__with_sign(float mag, float sgn) {
 #if defined(__FP_FAST_FMAF) || defined(__FMA__)
 #define FS__HW_FMA 1
 #endif
-static inline float fs__fma(float a, float b, float c) {
+FS_INLINE float fs__fma(float a, float b, float c) {
 #ifdef FS__HW_FMA
   return __builtin_fmaf(a, b, c);
 #else
@@ -171,14 +176,14 @@ static inline float fs__fma(float a, float b, float c) {
 // integer min on the bit pattern plus 2^23 - 1, where +NaNs become negative
 // (signed; +inf becomes INT32_MAX) and -NaNs wrap to small unsigned values
 // (-inf becomes UINT32_MAX), so neither min reaches a NaN.
-static inline float fs__clamp(float x, float lo, float hi) {
+FS_INLINE float fs__clamp(float x, float lo, float hi) {
   uint32_t v = fs__bits(x) + 0x7fffffu;
   v = (uint32_t)fs__imin((int32_t)v, (int32_t)(fs__bits(hi) + 0x7fffffu));
   v = fs__umin(v, fs__bits(lo) + 0x7fffffu);
   return fs__float(v - 0x7fffffu);
 }
 // min(|x|, hi) for hi > 0, NaN kept: as above on the pattern of |x|.
-static inline float fs__absmin(float x, float hi) {
+FS_INLINE float fs__absmin(float x, float hi) {
   int32_t v = (int32_t)(fs__bits(x) & 0x7fffffffu) + 0x7fffff;
   return fs__float((uint32_t)(fs__imin(v, (int32_t)fs__bits(hi) + 0x7fffff) - 0x7fffff));
 }
@@ -196,7 +201,7 @@ static inline float fs__absmin(float x, float hi) {
 #define FS_LOG2E 0x1.715476p+0f
 
 // exp(r) for |r| <= 0.3467 (minimax, relative error 2^-28.3).
-static inline float fs__exp_poly(float r) {
+FS_INLINE float fs__exp_poly(float r) {
   float p = 0x1.6a4f88p-10f;
   p = fs__fma(p, r, 0x1.123988p-7f);
   p = fs__fma(p, r, 0x1.5558aep-5f);
@@ -209,14 +214,14 @@ static inline float fs__exp_poly(float r) {
 // bt = bits(x log2e + FS_MAGIC + 126). Applied to p in [0.7, 1.42] in this
 // order, the first product is exact and the second rounds once: gradual
 // underflow for n >= -150, overflow to +inf for n >= 128.
-static inline float fs__scale2(float p, int32_t bt) {
+FS_INLINE float fs__scale2(float p, int32_t bt) {
   const int32_t b0 = (int32_t)fs__bits(FS_MAGIC);
   float s1 = fs__float((uint32_t)fs__imax(bt, b0 + 3) << 23);
   float s2 = fs__float((uint32_t)fs__imin(bt + 125, b0 + 128) << 23);
   return (p * s1) * s2;
 }
 // exp(x) for x in [-104, 89] or NaN.
-static inline float fs__exp_core(float x) {
+FS_INLINE float fs__exp_core(float x) {
   float t = fs__fma(x, FS_LOG2E, FS_MAGIC + 126.0f);
   float kf = t - (FS_MAGIC + 126.0f);              // n = round(x log2e)
   float r = fs__fma(kf, -FS_LN2_HI, x);           // exact
@@ -224,12 +229,12 @@ static inline float fs__exp_core(float x) {
   return fs__scale2(fs__exp_poly(r), (int32_t)fs__bits(t));
 }
 
-static inline float fs_expf(float x) {
+FS_INLINE float fs_expf(float x) {
   return fs__exp_core(fs__clamp(x, -104.0f, 89.0f));   // exp(-104) = 0, exp(89) = inf
 }
 
 // expm1(r) = r + r^2 q(r) for |r| <= 0.3467 (relative error 2^-26).
-static inline float fs__expm1_poly(float r) {
+FS_INLINE float fs__expm1_poly(float r) {
   float q = 0x1.6b9c5ap-10f;
   q = fs__fma(q, r, 0x1.122544p-7f);
   q = fs__fma(q, r, 0x1.5556f2p-5f);
@@ -238,7 +243,7 @@ static inline float fs__expm1_poly(float r) {
   return fs__fma(r * r, q, r);
 }
 
-static inline float fs_expm1f(float x) {
+FS_INLINE float fs_expm1f(float x) {
   // expm1(x) = 2 (2^(n-1) em + (2^(n-1) - 1/2)), em = expm1(r): 2^(n-1) stays
   // finite for n = 128. expm1 = -1 in float below -17.4, +inf above 88.73.
   float xc = fs__clamp(x, -30.0f, 89.0f);
@@ -254,7 +259,7 @@ static inline float fs_expm1f(float x) {
 
 // log(1 + f) for f in [sqrt(1/2) - 1, sqrt(2) - 1]: f - f^2/2 + f^3 P(f)
 // (relative error 2^-24.9).
-static inline float fs__log1p_poly(float f) {
+FS_INLINE float fs__log1p_poly(float f) {
   float p = 0x1.645de2p-4f;
   p = fs__fma(p, f, -0x1.242ff8p-3f);
   p = fs__fma(p, f, 0x1.31731ap-3f);
@@ -267,7 +272,7 @@ static inline float fs__log1p_poly(float f) {
 // Special results of log(arg) applied to res: arg = +inf or +NaN gives arg, a
 // set sign bit gives NaN, +-0 gives -inf (tested last, so -0 too). Only the
 // zero test is a float compare.
-static inline float fs__log_special(float arg, float res) {
+FS_INLINE float fs__log_special(float arg, float res) {
   uint32_t u = fs__bits(arg);
   uint32_t big = (uint32_t)((int32_t)(u + 0x800000u) >> 31);   // +inf, +NaN (negatives too)
   uint32_t r = (u & big) | (fs__bits(res) & ~big);
@@ -275,7 +280,7 @@ static inline float fs__log_special(float arg, float res) {
   return fs__sel(arg == 0.0f, -std::numeric_limits<float>::infinity(), fs__float(r));
 }
 
-static inline float fs_logf(float x) {
+FS_INLINE float fs_logf(float x) {
   uint32_t u = fs__bits(x);
   // Denormals (and +0) use the pattern of x * 2^23 with 23 taken off the
   // exponent field, which may go below 1: the split below is integer
@@ -288,7 +293,7 @@ static inline float fs_logf(float x) {
   return fs__log_special(x, fs__fma((float)e, FS_LN2, fs__log1p_poly(m - 1.0f)));
 }
 
-static inline float fs_log1pf(float x) {
+FS_INLINE float fs_log1pf(float x) {
   // u = 1 + x and its rounding error c = x - (u - 1) (exact for x >= -1);
   // log1p(x) = log(u) + c/u, c/u = cs / (1 + f) ~ cs (1 - f), cs = c 2^-e.
   float u = 1.0f + x;
@@ -302,7 +307,7 @@ static inline float fs_log1pf(float x) {
   return fs__float(fs__bits(res) | (fs__bits(x) & 0x80000000u));   // log1p(-0) = -0
 }
 
-static inline float fs_tanhf(float x) {
+FS_INLINE float fs_tanhf(float x) {
   // em / (em + 2) with em = expm1(2|x|): the error of em is damped by
   // 2 / (em + 2). n in [0, 26], so 2^n - 1 is exact or harmlessly rounded.
   float a = fs__absmin(x, 9.02f);                 // tanh = 1 in float beyond 9.01
@@ -316,7 +321,7 @@ static inline float fs_tanhf(float x) {
   return fs__with_sign(em / (em + 2.0f), x);
 }
 
-static inline float fs_sigmoidf(float x) {
+FS_INLINE float fs_sigmoidf(float x) {
   // e = exp(-|x|) (exact scaling of the polynomial, so e has its relative
   // error); 1 / (1 + e) for x >= 0, e / (1 + e) for x < 0.
   float e = fs__exp_core(fs__clamp(fs__float(fs__bits(x) | 0x80000000u), -104.0f, 1.0f));
@@ -324,7 +329,7 @@ static inline float fs_sigmoidf(float x) {
   return fs__float((fs__bits(e) & neg) | (0x3f800000u & ~neg)) / (1.0f + e);
 }
 
-static inline float fs_erff(float x) {
+FS_INLINE float fs_erff(float x) {
   // erf(a) = 1 - 2^y, y = log2(erfc(a)) = a H(a) (H minimax, weighted by the
   // damping below); 1 - 2^y = -(s expm1_2(r) + (s - 1)), s = 2^n, n = round(y),
   // r = a H - n (a H never rounded). Where erf is near 1 the error of y is
@@ -353,7 +358,7 @@ static inline float fs_erff(float x) {
   return fs__float(ux ^ ((ux ^ fs__bits(em)) & 0x7fffffffu));   // |em| with the sign of x
 }
 
-static inline float fs_erfcf(float x) {
+FS_INLINE float fs_erfcf(float x) {
   // erfc(a) = exp(-a^2) / F(a), F = 1 / (erfc(a) exp(a^2)) = sqrt(pi) a + c(a),
   // c = 1 + a P(a) / Q(a) in (0, 1]: where the Horner errors of P and Q are
   // large (large a), c is small against sqrt(pi) a; near a = 0 c is formed by
@@ -395,8 +400,8 @@ static inline float fs_erfcf(float x) {
 #undef FS_LOG2E
 
 // bfloat16 <-> float32. Rounds to nearest even; NaN stays NaN (quiet, sign kept).
-static inline float fs_bf16_to_f32(uint16_t h) { return fs__float((uint32_t)h << 16); }
-static inline uint16_t fs_f32_to_bf16(float x) {
+FS_INLINE float fs_bf16_to_f32(uint16_t h) { return fs__float((uint32_t)h << 16); }
+FS_INLINE uint16_t fs_f32_to_bf16(float x) {
   uint32_t u = fs__bits(x);
   uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   uint32_t qnan = ((u >> 16) & 0x8000u) | 0x7fc0u;

@@ -34,8 +34,14 @@ from tf_fusionstitch.runtime import cache
 # roundings, like TensorFlow's own kernels (numerics contract); -fwrapv makes
 # integer overflow wrap as in TF; -fvisibility=hidden keeps all but the ABI
 # symbols private (kernels mark fs_meta/fs_shape/fs_run visibility("default")).
+# -O2, not -O3: the kernels' loops are `#pragma omp simd`, which GCC vectorises
+# at -O2 too, and -O3's extra unrolling and versioning bought no measurable
+# speed (5 zoo models and the reference patterns, interleaved, every 95%
+# interval of O2/O3 around 1.0x) while costing a quarter of a cold call's
+# compile time (MobileNetV2's train step: 5.1 -> 3.8 s). docs/DESIGN.md.
+OPT_LEVEL = "-O2"
 DEFAULT_FLAGS = (
-    "-std=c++17", "-O3", "-fPIC", "-shared", "-fopenmp-simd", "-ffp-contract=off",
+    "-std=c++17", OPT_LEVEL, "-fPIC", "-shared", "-fopenmp-simd", "-ffp-contract=off",
     "-fwrapv", "-fno-math-errno", "-fvisibility=hidden",
 )
 
