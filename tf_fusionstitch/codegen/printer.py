@@ -139,6 +139,28 @@ static inline int fs_fail(char* err, int64_t n, const char* msg) {
   if (n > 0) { std::strncpy(err, msg, (size_t)(n - 1)); err[n - 1] = 0; }
   return 1;
 }
+// "[d0, d1, ...]" of `rank` dimensions into `out` (truncated to `size`).
+static void fs__dims_text(const int64_t* dims, int rank, char* out, size_t size) {
+  size_t used = (size_t)std::snprintf(out, size, "[");
+  for (int d = 0; d < rank && used < size; ++d)
+    used += (size_t)std::snprintf(out + used, size - used, d ? ", %lld" : "%lld",
+                                  (long long)dims[d]);
+  if (used < size) std::snprintf(out + used, size - used, "]");
+}
+// The shape functions' one error, TF's "Incompatible shapes": input `number`
+// (`name`) has dimensions `got` where `want` is required, for `reason`. One
+// out-of-line copy per library rather than a formatted message per input of
+// every kernel: those were a sixth of a cold call's compile time.
+static __attribute__((noinline, cold)) int fs_shape_mismatch(
+    const int64_t* got, const int64_t* want, int rank, long long number, const char* name,
+    const char* reason, char* err, int64_t errlen) {
+  char got_text[256], want_text[256], msg[768];
+  fs__dims_text(got, rank, got_text, sizeof got_text);
+  fs__dims_text(want, rank, want_text, sizeof want_text);
+  std::snprintf(msg, sizeof msg, "Incompatible shapes: FusionStitch input %lld (%s) has shape "
+                "%s where %s is required (%s)", number, name, got_text, want_text, reason);
+  return fs_fail(err, errlen, msg);
+}
 """,
     export='extern "C" __attribute__((visibility("default")))',
     simd_pragma="#pragma omp simd{clauses}",

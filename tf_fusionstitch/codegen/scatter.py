@@ -165,7 +165,7 @@ def _shape_fn(form: ScatterForm, export: str) -> str:
     c = form.cluster
     out_dtype = [c.types()[o].dtype for o in c.outputs]
     cols = form.rows.types()[form.summed[0]].shape[1]
-    lines = [shape_fn.shape_fn_head(export), "  char msg[512];"]
+    lines = [shape_fn.shape_fn_head(export)]
     offsets = dict(zip((name for name, _ in c.inputs),
                        shape_fn.dim_offsets(t for _, t in c.inputs)))
     lines.append(f"  const int64_t n_rows = in_dims[{offsets[form.ids]}];")
@@ -184,11 +184,9 @@ def _shape_fn(form: ScatterForm, export: str) -> str:
         cond = " || ".join(f"in_dims[{offsets[name] + d}] != {w}" for d, w in enumerate(want))
         if not cond:
             continue
-        shown = ", ".join("%lld" for _ in want)
-        got = ", ".join(f"(long long)in_dims[{offsets[name] + d}]" for d in range(len(want)))
-        exp = ", ".join(f"(long long){w}" for w in want)
-        lines += shape_fn.shape_error(cond, f"{number} ({name})", shown,
-                                      "the rows of a segment sum and their ids", f"{got}, {exp}")
+        lines += shape_fn.shape_error(cond, f"in_dims + {offsets[name]}", [str(w) for w in want],
+                                      str(number), f'"{name}"',
+                                      "the rows of a segment sum and their ids")
     segments = form.num_segments
     per_element = shape_fn.element_cost(_row_statements(form))
     lines += [f"  const int64_t n_segments = {segments};",
@@ -208,7 +206,7 @@ def _shape_fn(form: ScatterForm, export: str) -> str:
               "  const int64_t rows_per_item = n_rows / (work[0] > 0 ? work[0] : 1);",
               f"  work[1] = 16 + n_rows + (per_item * n_cols * {zeroing} + rows_per_item * n_cols"
               f" * {per_element}) / {shape_fn.COST_SCALE};",
-              "  (void)in_dims; (void)msg; (void)err; (void)errlen;", "  return 0;", "}"]
+              "  (void)in_dims; (void)err; (void)errlen;", "  return 0;", "}"]
     return "\n".join(lines)
 
 

@@ -97,15 +97,17 @@ def dim_offsets(types) -> List[int]:
     return out
 
 
-def shape_error(cond: str, which: str, shown: str, reason: str, args: str) -> List[str]:
+def shape_error(cond: str, got: str, want: List[str], number: str, name: str,
+                reason: str) -> List[str]:
     """Lines that fail the shape function with TF's "Incompatible shapes" where
-    `cond` holds: input `which` has a shape, printed by the printf directives
-    `shown` from the first half of `args`, where the second half's is
-    required, for `reason`."""
+    `cond` holds: the input numbered by the C expression `number`, named by
+    the C string `name`, has the dimensions at `got` (a pointer into in_dims)
+    where `want` (C expressions) are required, for `reason` (the prelude's
+    fs_shape_mismatch formats the message)."""
     return [f"  if ({cond}) {{",
-            f'    std::snprintf(msg, sizeof msg, "Incompatible shapes: FusionStitch input {which} '
-            f'has shape [{shown}] where [{shown}] is required ({reason})", {args});',
-            "    return fs_fail(err, errlen, msg);",
+            f"    const int64_t want[] = {{{', '.join(want)}}};",
+            f"    return fs_shape_mismatch({got}, want, {len(want)}, {number}, {name}, "
+            f'"{reason}", err, errlen);',
             "  }"]
 
 
@@ -118,7 +120,7 @@ def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str, symbol: str = "fs
     c = s.cluster
     labels = ", const int64_t* in_numbers, const char* const* in_names" \
         if caller_names_inputs else ""
-    lines = [shape_fn_head(export, symbol, labels), "  char msg[512];"]
+    lines = [shape_fn_head(export, symbol, labels)]
     offsets = dim_offsets(t for _, t in c.inputs)
     sources = {a: [] for a in range(s.num_axes)}
     for i, (name, t) in enumerate(c.inputs):
@@ -150,16 +152,12 @@ def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str, symbol: str = "fs
             for d, (w, a) in enumerate(zip(want, s.dim_axes[name])))
         if not cond:
             continue
-        shown = ", ".join("%lld" for _ in want) or ""
-        got = ", ".join(f"(long long)in_dims[{offsets[i] + d}]" for d in range(len(want)))
-        exp = ", ".join(f"(long long){w}" for w in want)
-        if caller_names_inputs:
-            which, label = "%lld (%s)", f"(long long)in_numbers[{i}], in_names[{i}], "
-        else:
-            which, label = f"{i} ({name})", ""
-        lines += shape_error(cond, which, shown, "dimensions that broadcasting ties together "
-                             "must agree; a dimension unknown when the function was optimized "
-                             "may not broadcast at run time", f"{label}{got}, {exp}")
+        number, label = (f"in_numbers[{i}]", f"in_names[{i}]") if caller_names_inputs \
+            else (str(i), f'"{name}"')
+        lines += shape_error(cond, f"in_dims + {offsets[i]}", want, number, label,
+                             "dimensions that broadcasting ties together must agree; a "
+                             "dimension unknown when the function was optimized may not "
+                             "broadcast at run time")
     for a in range(s.num_axes):
         lines.append(f"  ext[{a}] = e{a};")
     for flag, (i, a) in enumerate(s.maybe_broadcast):
@@ -191,5 +189,5 @@ def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str, symbol: str = "fs
     column = [s for loop in kernel.loops for s in loop] + \
         [a for accs in kernel.accumulators for a in accs]
     lines.append(f"  work[1] = {per_row} + per_item * {element_cost(column)} / {COST_SCALE};")
-    lines += ["  (void)in_dims; (void)msg; (void)err; (void)errlen;", "  return 0;", "}"]
+    lines += ["  (void)in_dims; (void)err; (void)errlen;", "  return 0;", "}"]
     return "\n".join(lines)
