@@ -14,7 +14,7 @@ from tf_fusionstitch.codegen import printer
 from tf_fusionstitch.codegen.generate import generate_cpp
 from tf_fusionstitch.kernels import build_cpu_kernels
 from tf_fusionstitch.runtime import cache, cpu_compiler, kernel_library
-from tf_fusionstitch.runtime.cpu_kernel import CpuKernel, KernelLoadError
+from tf_fusionstitch.runtime.cpu_kernel import CpuKernel, KernelLoadError, KernelShapeError
 
 T, op = ir.TensorType, ir.make_op
 PRELUDE = printer.headers(printer.CPP)
@@ -134,6 +134,55 @@ def test_a_damaged_library_is_compiled_again(isolated_cache):
     assert cpu_compiler.compilations - before == 4
     assert path.read_bytes() == data
     check_runs(objects)
+
+
+def scaled_tanh_of_width(width: int, scale: float = 0.5) -> ir.Cluster:
+    """scaled_tanh(scale) over rows of `width`: kernels that differ in a size only."""
+    full = T("float32", (None, width))
+    return ir.Cluster((("x", full),), (
+        op("c", "const", [], T("float32", ()), value=scale),
+        op("m", "mul", ["x", "c"], full),
+        op("t", "tanh", ["m"], full),
+        op("y", "add", ["t", "c"], full)), ("y",))
+
+
+def test_kernels_that_differ_in_sizes_share_their_functions_in_a_library(monkeypatch):
+    widths = (24, 40, 56)
+    sources = [generate_cpp(scaled_tanh_of_width(w)).source for w in widths]
+    names = [kernel_library.shared_names(s) for s in sources]
+    assert len(names[0]) == 2 and names[0] == names[1] == names[2]   # run and shape
+    library = kernel_library.library_source(PRELUDE, [(f"k{i}", s) for i, s in enumerate(sources)])
+    for name in names[0]:
+        assert library.count(f" {name}(const") + library.count(f" {name}(int64_t") == 1
+    objects = kernel_library.compile_kernels(sources, PRELUDE, workers=1)
+    assert len({o.path for o in objects}) == 1
+    for w, obj in zip(widths, objects):
+        kernel = CpuKernel(obj.path, symbol=obj.symbol)
+        x = RNG.standard_normal((7, w), dtype=np.float32)
+        (y,) = kernel.run([x], threads=2)
+        np.testing.assert_allclose(y, reference("tanh", x, 0.5), rtol=2e-6, atol=2e-6)
+        # Each kernel still checks its own static width.
+        with pytest.raises(KernelShapeError, match="Incompatible shapes"):
+            kernel.run([RNG.standard_normal((7, w + 1), dtype=np.float32)], threads=2)
+
+
+def test_shared_functions_of_one_name_and_different_text_are_refused():
+    a = kernel_library.SHARED_BEGIN + "fs_body_x\nstatic int f() { return 1; }\n" \
+        + kernel_library.SHARED_END + "\n"
+    b = a.replace("return 1", "return 2")
+    with pytest.raises(ValueError, match="differ"):
+        kernel_library.library_source(PRELUDE, [("k0", PRELUDE + a), ("k1", PRELUDE + b)])
+    with pytest.raises(ValueError, match="differ"):
+        kernel_library.first_shared_only(a + b)
+    assert kernel_library.first_shared_only(a + "int g;\n" + a) == a + "int g;\n"
+
+
+def test_kernels_sharing_functions_are_grouped_together():
+    widths = [8 * (i + 1) for i in range(6)]
+    families = [{generate_cpp(scaled_tanh_of_width(w, scale)).source for w in widths}
+                for scale in (0.5, 1.5)]
+    groups = kernel_library._groups(sorted(families[0] | families[1]), PRELUDE, workers=2)
+    assert sorted(map(set, groups), key=min) == sorted(families, key=min)
 
 
 def test_sources_without_the_prelude_and_large_ones_compile_alone():

@@ -54,6 +54,7 @@ class GpuBody(printer.KernelPrinter):
     # shared-memory partials then combine them); the emulation is the CUDA
     # kernel's arithmetic.
     blocked_sums = False
+    constant_extents = True   # static trip counts unroll and fold into the index math
 
     def __init__(self, plan: GpuPlan, target: Target, phase: int = 0):
         super().__init__(plan.kernel, target)

@@ -28,6 +28,7 @@ from typing import List
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.codegen import kernel_ir, printer, shape_fn
+from tf_fusionstitch.runtime import kernel_library
 from tf_fusionstitch.schedule import Schedule, UnsupportedCluster, build_schedule
 
 # The pack's estimated cost (the parts' work items times their cost each) is
@@ -77,7 +78,8 @@ def generate_packed_cpp(cluster: ir.Cluster, parts: List[ir.Part]):
     pieces.append(_shape_fn(cluster, parts, body, ext_at, items_at, chunks_at, target.export))
     pieces.append(_run_fn(cluster, parts, body, ext_at, items_at, chunks_at, target.export))
     pieces.append("")
-    return "\n".join(pieces), tuple(schedules)
+    # Parts that differ only in their sizes print the same shared functions.
+    return kernel_library.first_shared_only("\n".join(pieces)), tuple(schedules)
 
 
 def _canonical(c: ir.Cluster) -> ir.Cluster:

@@ -25,6 +25,7 @@ and Selu use exp(x) - 1 as TensorFlow does. No TensorFlow import here.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from typing import Dict, List
 
@@ -33,6 +34,7 @@ from tf_fusionstitch.codegen import kernel_ir as k
 from tf_fusionstitch.codegen import primitives as p
 from tf_fusionstitch.codegen.cuda_prelude import CUDA_PRELUDE
 from tf_fusionstitch.codegen.vecmath import CPP_PRELUDE, FLOAT32_FUNCTIONS
+from tf_fusionstitch.runtime import kernel_library
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE as TILE
 
 # C type of each dtype a value computes in (primitives.COMPUTE_DTYPE), the
@@ -376,6 +378,13 @@ def store_value(src: str, dtype: str, target: Target) -> str:
 class KernelPrinter:
     """Prints one kernel-IR kernel as the C++ loop nest over work items (the
     CUDA printer, gpu_printer.py, extends it with the GPU thread structure)."""
+    # Whether static extents are printed as constants (the GPU printer's
+    # unrolled loops need them) or read from `ext` like dynamic ones (the
+    # shape function has checked them). On the CPU, reading them lets the
+    # kernels of layers that differ only in their sizes share one compiled
+    # function (print_kernel); the loops measured no faster with known counts.
+    constant_extents = False
+
     def __init__(self, kernel: k.Kernel, target: Target, symbol: str = "fs_run",
                  linkage: str = ""):
         self.k = kernel
@@ -528,9 +537,8 @@ class KernelPrinter:
         kr = self.k
         e = self.emit
         for g, axes in enumerate(kr.group_extents):
-            # Static extents become constants: the compiler then knows trip
-            # counts (no remainder loops for a row of 128) and strides.
-            factors = [str(kr.static_extents[a]) if kr.static_extents[a] is not None
+            factors = [str(kr.static_extents[a])
+                       if self.constant_extents and kr.static_extents[a] is not None
                        else f"ext[{a}]" for a in axes]
             e(f"const int64_t g{g} = " + " * ".join(factors) + ";", indent)
         for i, tn in enumerate(kr.tensors):
@@ -890,8 +898,15 @@ def print_kernel(kernel: k.Kernel, target: Target = CPP, symbol: str = "fs_run",
                  linkage: str = "") -> str:
     """The block function, exported as `symbol` (fs_run); a packed kernel
     (codegen/pack.py) prints its parts with `linkage="static"` under names
-    of their own."""
-    return KernelPrinter(kernel, target, symbol, linkage).kernel()
+    of their own. The loop nest is a function named by a hash of its text,
+    marked for a library to compile once for every kernel that holds it
+    (runtime/kernel_library.py); `symbol` calls it."""
+    code = KernelPrinter(kernel, target, "fs_body", "static").kernel()
+    name = "fs_body_" + hashlib.sha256(code.encode("utf-8")).hexdigest()[:24]
+    code = code.replace("static void fs_body(", f"static void {name}(", 1)
+    return "\n".join([kernel_library.SHARED_BEGIN + name, code, kernel_library.SHARED_END,
+                      block_function(linkage or target.export, symbol),
+                      f"  {name}(begin, end, ext, bufs);", "}"])
 
 
 def headers(target: Target = CPP) -> str:

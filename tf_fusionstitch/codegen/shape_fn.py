@@ -9,11 +9,13 @@ dynamic extent such as the batch size changes. No TensorFlow import here.
 
 from __future__ import annotations
 
+import hashlib
 from typing import List
 
 from tf_fusionstitch.codegen import kernel_ir as k
 from tf_fusionstitch.codegen.primitives import FREE
 from tf_fusionstitch.fusion_ir import DTYPE_BYTES, DTYPE_CODES, EXPENSIVE, MAX_META_COUNT
+from tf_fusionstitch.runtime import kernel_library
 from tf_fusionstitch.schedule import ELEMENTWISE_TILE, Schedule, UnsupportedCluster
 
 ABI_VERSION = 2  # docs/KERNEL_ABI.md; the op and runtime/cpu_kernel.py check it
@@ -111,16 +113,43 @@ def shape_error(cond: str, got: str, want: List[str], number: str, name: str,
             "  }"]
 
 
+_LABELS = ", const int64_t* in_numbers, const char* const* in_names"
+
+
 def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str, symbol: str = "fs_shape",
                    caller_names_inputs: bool = False) -> str:
     """With `caller_names_inputs`, the function takes two more arguments, the
     op's input index and the name of each of the cluster's inputs, for its
     error messages: a packed kernel's parts of one structure share it,
-    each reading some of the op's inputs."""
+    each reading some of the op's inputs.
+
+    The checks and sizes are a function of their own that reads the static
+    extents, input numbers and names from arrays, named by a hash of its
+    text and marked for a library to compile once for every kernel that
+    holds it (runtime/kernel_library.py); `symbol` passes it this kernel's."""
     c = s.cluster
-    labels = ", const int64_t* in_numbers, const char* const* in_names" \
-        if caller_names_inputs else ""
-    lines = [shape_fn_head(export, symbol, labels)]
+    statics = [e for e in s.static_extent if e is not None]
+    body = _shape_body(s, kernel)
+    name = "fs_shape_body_" + hashlib.sha256(body.encode("utf-8")).hexdigest()[:24]
+    body = body.replace("int fs_shape_body(", f"int {name}(", 1)
+    lines = [kernel_library.SHARED_BEGIN + name, body, kernel_library.SHARED_END,
+             shape_fn_head(export, symbol, _LABELS if caller_names_inputs else "")]
+    lines.append(f"  static const int64_t statics[] = {{{', '.join(map(str, statics)) or '0'}}};")
+    if not caller_names_inputs:
+        numbers = ", ".join(str(i) for i in range(len(c.inputs))) or "0"
+        names = ", ".join(f'"{n}"' for n, _ in c.inputs) or "0"
+        lines += [f"  static const int64_t in_numbers[] = {{{numbers}}};",
+                  f"  static const char* const in_names[] = {{{names}}};"]
+    lines += [f"  return {name}(in_dims, out_dims, ext, work, err, errlen, in_numbers, "
+              "in_names, statics);", "}"]
+    return "\n".join(lines)
+
+
+def _shape_body(s: Schedule, kernel: k.Kernel) -> str:
+    """The shape function's code, as `fs_shape_body` taking the input
+    numbers and names and the static extents (in axis order) as arrays."""
+    c = s.cluster
+    lines = [shape_fn_head("static", "fs_shape_body", _LABELS + ", const int64_t* statics")]
     offsets = dim_offsets(t for _, t in c.inputs)
     sources = {a: [] for a in range(s.num_axes)}
     for i, (name, t) in enumerate(c.inputs):
@@ -128,9 +157,11 @@ def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str, symbol: str = "fs
             if a is not None:
                 sources[a].append((i, d))
     maybe = set(s.maybe_broadcast)
+    static_index = {a: j for j, a in enumerate(
+        a for a in range(s.num_axes) if s.static_extent[a] is not None)}
     for a in range(s.num_axes):
         if s.static_extent[a] is not None:
-            lines.append(f"  const int64_t e{a} = {s.static_extent[a]};")
+            lines.append(f"  const int64_t e{a} = statics[{static_index[a]}];")
         elif any((i, a) in maybe for i, _ in sources[a]):
             # Broadcasting: the extent is any source that is not 1.
             lines.append(f"  int64_t e{a} = 1;")
@@ -152,9 +183,8 @@ def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str, symbol: str = "fs
             for d, (w, a) in enumerate(zip(want, s.dim_axes[name])))
         if not cond:
             continue
-        number, label = (f"in_numbers[{i}]", f"in_names[{i}]") if caller_names_inputs \
-            else (str(i), f'"{name}"')
-        lines += shape_error(cond, f"in_dims + {offsets[i]}", want, number, label,
+        lines += shape_error(cond, f"in_dims + {offsets[i]}", want, f"in_numbers[{i}]",
+                             f"in_names[{i}]",
                              "dimensions that broadcasting ties together must agree; a "
                              "dimension unknown when the function was optimized may not "
                              "broadcast at run time")

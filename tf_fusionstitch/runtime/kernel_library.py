@@ -19,6 +19,14 @@ stay valid, and the kernels they share keep whichever record came last.
 
 A library that fails to compile (one kernel's error, a timeout) is compiled
 again kernel by kernel, so only the kernels that fail alone fail.
+
+Kernels also share code: the generator marks a function that another kernel
+may hold too (SHARED_BEGIN name ... SHARED_END; its name is a hash of its
+text), and a library compiles each such function once, before its members.
+The layers of a CNN differ mostly in their sizes, which the run functions
+read at run time: MobileNetV2's train step has 127 run functions, 56 of
+them distinct. Kernels that share functions are put in one library where
+that keeps the workers balanced.
 """
 
 from __future__ import annotations
@@ -34,12 +42,21 @@ from tf_fusionstitch.runtime import cache, cpu_compiler, progress
 # The symbols of docs/KERNEL_ABI.md that a kernel in a library exports renamed.
 ABI_SYMBOLS = ("fs_meta", "fs_shape", "fs_run", "fs_check_inputs")
 RECORD_SUFFIX = ".lib"
+# Around a function that kernels may share: the begin marker is followed by the
+# function's name on its line. Only generated sources carry them (codegen/printer.py).
+SHARED_BEGIN = "// fs-shared-begin "
+SHARED_END = "// fs-shared-end"
 
 # A library holds at most this many kernels and this much of their own code
-# (beyond the prelude): most of the saving comes by sixteen, and smaller
-# libraries keep the work spread over the workers and a failure cheap.
-MAX_KERNELS = 16
+# (beyond the prelude): smaller libraries keep the work spread over the
+# workers and a failure cheap; larger ones share more. MobileNetV2's train
+# step at 16: 8 libraries, 73 run functions, 5.4 s of compiler CPU; at 32:
+# 4 libraries, 68 run functions, 5.0 s.
+MAX_KERNELS = 32
 MAX_BYTES = 256 << 10
+# A family of kernels (_groups) stays in one library unless that library
+# would then cost more than this many times the average.
+BALANCE = 1.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,19 +74,80 @@ def symbol_of(key: str) -> str:
 
 def library_source(prelude: str, members: Sequence[tuple]) -> str:
     """One translation unit of (symbol, source) members, each source
-    beginning with `prelude`: the prelude once, then each member's own code
-    in its namespace with its ABI symbols renamed. The preprocessor renames
-    only whole identifiers, so private names (fs_run_p0) and strings stay."""
-    pieces = [prelude]
+    beginning with `prelude`: the prelude once, then the members' shared
+    functions once each, then each member's own code in its namespace with
+    its ABI symbols renamed. The preprocessor renames only whole
+    identifiers, so private names (fs_run_p0) and strings stay. Raises
+    ValueError for a member without the prelude, or two shared functions of
+    one name and different text."""
+    shared: Dict[str, str] = {}
+    own = []
     for symbol, source in members:
         if not source.startswith(prelude):
             raise ValueError("a library member does not begin with the shared prelude")
+        own.append((symbol, split_shared(source[len(prelude):], shared)))
+    pieces = [prelude, *shared.values()]
+    for symbol, code in own:
         pieces += [f"#define {name} {name}_{symbol}" for name in ABI_SYMBOLS]
-        pieces += [f"namespace fs_{symbol} {{", source[len(prelude):],
-                   f"}}  // namespace fs_{symbol}"]
+        pieces += [f"namespace fs_{symbol} {{", code, f"}}  // namespace fs_{symbol}"]
         pieces += [f"#undef {name}" for name in ABI_SYMBOLS]
     pieces.append("")
     return "\n".join(pieces)
+
+
+def _shared_blocks(code: str):
+    """(start, stop, name, text) of each shared function in `code`, in order.
+    Raises ValueError where a marker is unmatched."""
+    pos = 0
+    while (begin := code.find(SHARED_BEGIN, pos)) >= 0:
+        line_end = code.find("\n", begin)
+        end = code.find(SHARED_END, begin)
+        if line_end < 0 or end < 0:
+            raise ValueError("a shared function's markers are unmatched")
+        pos = end + len(SHARED_END)
+        yield begin, pos, code[begin + len(SHARED_BEGIN):line_end], code[line_end + 1:end]
+
+
+def _same_text(shared: Dict[str, str], name: str, text: str) -> bool:
+    """Records `text` under `name`; whether it was there already. Raises
+    ValueError where another text has that name."""
+    known = name in shared
+    if shared.setdefault(name, text) != text:
+        raise ValueError(f"two shared functions named {name} differ")
+    return known
+
+
+def split_shared(code: str, shared: Dict[str, str]) -> str:
+    """`code` without its shared functions, each added to `shared` (name ->
+    text) unless there already. Raises ValueError where `shared` holds
+    another text under the same name, or a marker is unmatched."""
+    kept, pos = [], 0
+    for begin, stop, name, text in _shared_blocks(code):
+        _same_text(shared, name, text)
+        kept.append(code[pos:begin])
+        pos = stop
+    kept.append(code[pos:])
+    return "".join(kept)
+
+
+def first_shared_only(code: str) -> str:
+    """`code` with each shared function defined once, where it first occurs
+    (the parts of a packed kernel that differ only in their sizes print the
+    same functions). Raises ValueError as split_shared does."""
+    seen: Dict[str, str] = {}
+    kept, pos = [], 0
+    for begin, stop, name, text in _shared_blocks(code):
+        if not _same_text(seen, name, text):
+            continue   # kept with the code before the next one
+        kept.append(code[pos:begin])
+        pos = stop + code.startswith("\n", stop)   # the end marker's line too
+    kept.append(code[pos:])
+    return "".join(kept)
+
+
+def shared_names(source: str) -> List[str]:
+    """The names of the shared functions `source` holds."""
+    return [name for _, _, name, _ in _shared_blocks(source)]
 
 
 Outcome = Union[CompiledObject, Exception]
@@ -133,26 +211,58 @@ def _lookup(key: str, libraries: Dict[str, Optional[pathlib.Path]]) -> Optional[
 
 def _groups(sources: List[str], prelude: str, workers: int) -> List[List[str]]:
     """The missing sources cut into libraries: at least one per worker,
-    balanced by code size (largest first onto the lightest), within
-    MAX_KERNELS and MAX_BYTES. A source without the prelude, or with more
-    own code than half a library, is a group of its own."""
+    within MAX_KERNELS and MAX_BYTES, balanced by their cost to compile.
+    Sources whose costliest shared function is the same (the same loop nest
+    at other sizes) form a family, kept in one library where it fits in
+    BALANCE times the average; the families, largest first, go onto the
+    lightest library. A source without the prelude, or with more own code
+    than half a library, is a group of its own."""
     single = {s for s in sources if not s.startswith(prelude) or
               len(s) - len(prelude) > MAX_BYTES // 2}
     alone = [[s] for s in sources if s in single]
     rest = [s for s in sources if s not in single]
     if not rest:
         return alone
-    size = {s: len(s) - len(prelude) for s in rest}
-    total = sum(size.values())
+    # A source costs its own code, plus each shared function that its library
+    # does not hold yet (_shared_cost).
+    shared = {s: {name: (len(text), _shared_cost(name, text))
+                  for _, _, name, text in _shared_blocks(s)} for s in rest}
+    own = {s: len(s) - len(prelude) - sum(chars for chars, _ in shared[s].values())
+           for s in rest}
+    weight = {name: cost for s in rest for name, (_, cost) in shared[s].items()}
+    total = sum(own.values()) + sum(weight.values())
     count = max(min(workers, len(rest)), -(-total // MAX_BYTES), -(-len(rest) // MAX_KERNELS))
+    cap = BALANCE * total / count
+
+    def cost(members: List[str]) -> int:
+        return sum(own[s] for s in members) + sum(
+            weight[name] for name in set().union(*(shared[s] for s in members)))
+    families: Dict[str, List[str]] = {}
+    for s in sorted(rest, key=lambda s: (-own[s] - sum(weight[n] for n in shared[s]), s)):
+        key = max(shared[s], key=lambda name: (weight[name], name)) if shared[s] else s
+        families.setdefault(key, []).append(s)
+    units = []   # families cut where one would outgrow a library
+    for members in families.values():
+        unit: List[str] = []
+        for s in members:
+            if unit and (len(unit) >= MAX_KERNELS or cost(unit + [s]) > cap):
+                units.append(unit)
+                unit = []
+            unit.append(s)
+        units.append(unit)
     groups: List[List[str]] = [[] for _ in range(count)]
-    loads = [0] * count
-    for s in sorted(rest, key=lambda s: -size[s]):
-        open_groups = [i for i in range(count) if len(groups[i]) < MAX_KERNELS] or range(count)
-        i = min(open_groups, key=lambda i: (loads[i], i))
-        groups[i].append(s)
-        loads[i] += size[s]
+    for unit in sorted(units, key=lambda u: (-cost(u), u)):
+        fits = [i for i in range(count) if len(groups[i]) + len(unit) <= MAX_KERNELS]
+        i = min(fits or range(count), key=lambda i: (cost(groups[i] + unit), i))
+        groups[i] += unit
     return alone + [g for g in groups if g]
+
+
+def _shared_cost(name: str, text: str) -> int:
+    """What the shared function `name` costs a library to compile, in
+    characters: a shape function (-O1, codegen/shape_fn.py) a quarter of
+    its size; a library's loop nests, not its checks, make it slow."""
+    return len(text) // 4 if name.startswith("fs_shape_body_") else len(text)
 
 
 def _compile_group(group: List[str], keys: Dict[str, str], prelude: str,
@@ -160,8 +270,8 @@ def _compile_group(group: List[str], keys: Dict[str, str], prelude: str,
     if len(group) == 1:
         return {group[0]: _compile_alone(group[0], timeout)}
     members = sorted(((symbol_of(keys[s]), s) for s in group))
-    source = library_source(prelude, members)
     try:
+        source = library_source(prelude, members)
         path = cpu_compiler.compile_shared_object(source, timeout=timeout * len(members),
                                                   kernels=len(members))
         library_key = path.name[:-len(".so")]
@@ -169,7 +279,7 @@ def _compile_group(group: List[str], keys: Dict[str, str], prelude: str,
             cache.write_verified(keys[s], RECORD_SUFFIX, f"{library_key} {symbol}\n".encode())
     except cpu_compiler.CompilerNotFound as e:
         return {s: e for s in group}
-    except (cpu_compiler.CompileError, cache.CacheError, OSError):
+    except (cpu_compiler.CompileError, cache.CacheError, OSError, ValueError):
         # Which kernel failed, and whether alone it would, only compiling it alone tells.
         return {s: _compile_alone(s, timeout) for s in group}
     return {s: CompiledObject(path, symbol) for symbol, s in members}
