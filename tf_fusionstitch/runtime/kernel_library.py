@@ -216,7 +216,7 @@ def _groups(sources: List[str], prelude: str, workers: int) -> List[List[str]]:
     at other sizes) form a family, kept in one library where it fits in
     BALANCE times the average; the families, largest first, go onto the
     lightest library. A source without the prelude, or with more own code
-    than half a library, is a group of its own."""
+    than half a library, is a group of its own. Costliest group first."""
     single = {s for s in sources if not s.startswith(prelude) or
               len(s) - len(prelude) > MAX_BYTES // 2}
     alone = [[s] for s in sources if s in single]
@@ -231,7 +231,8 @@ def _groups(sources: List[str], prelude: str, workers: int) -> List[List[str]]:
            for s in rest}
     weight = {name: cost for s in rest for name, (_, cost) in shared[s].items()}
     total = sum(own.values()) + sum(weight.values())
-    count = max(min(workers, len(rest)), -(-total // MAX_BYTES), -(-len(rest) // MAX_KERNELS))
+    count = max(-(-total // MAX_BYTES), -(-len(rest) // MAX_KERNELS))
+    count = min(len(rest), -(-count // workers) * workers)   # each worker as many
     cap = BALANCE * total / count
 
     def cost(members: List[str]) -> int:
@@ -255,7 +256,10 @@ def _groups(sources: List[str], prelude: str, workers: int) -> List[List[str]]:
         fits = [i for i in range(count) if len(groups[i]) + len(unit) <= MAX_KERNELS]
         i = min(fits or range(count), key=lambda i: (cost(groups[i] + unit), i))
         groups[i] += unit
-    return alone + [g for g in groups if g]
+    # The costliest first: the pool's workers take them in this order, and a
+    # long library started last would run alone at the end.
+    return sorted(alone + [g for g in groups if g],
+                  key=lambda g: -(cost(g) if g[0] in own else len(g[0])))
 
 
 def _shared_cost(name: str, text: str) -> int:
