@@ -22,8 +22,8 @@ from tf_fusionstitch.codegen.vecmath import CPP_PRELUDE, FLOAT32_FUNCTIONS, ULP_
 from tf_fusionstitch.runtime import cpu_compiler
 
 NAMES = tuple(FLOAT32_FUNCTIONS)  # exp, expm1, log, log1p, tanh, sigmoid, erf, erfc
-FLAGS = ["-std=c++17", cpu_compiler.OPT_LEVEL, "-fPIC", "-shared", "-fopenmp-simd", "-ffp-contract=off",
-         "-fwrapv", "-fno-math-errno", "-Wall", "-Wextra", "-Werror"]
+FLAGS = ["-std=c++17", cpu_compiler.OPT_LEVEL, "-fPIC", "-shared", "-fopenmp-simd",
+         "-ffp-contract=off", "-fwrapv", "-fno-math-errno", "-Wall", "-Wextra", "-Werror"]
 FLT_MAX = float(np.finfo(np.float32).max)
 INF = math.inf
 

@@ -25,7 +25,6 @@ and Selu use exp(x) - 1 as TensorFlow does. No TensorFlow import here.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from typing import Dict, List
 
@@ -152,7 +151,7 @@ static void fs__dims_text(const int64_t* dims, int rank, char* out, size_t size)
 // The shape functions' one error, TF's "Incompatible shapes": input `number`
 // (`name`) has dimensions `got` where `want` is required, for `reason`. One
 // out-of-line copy per library rather than a formatted message per input of
-// every kernel: those were a sixth of a cold call's compile time.
+// every kernel (shape functions with those were a sixth of the compile time).
 static __attribute__((noinline, cold)) int fs_shape_mismatch(
     const int64_t* got, const int64_t* want, int rank, long long number, const char* name,
     const char* reason, char* err, int64_t errlen) {
@@ -901,11 +900,9 @@ def print_kernel(kernel: k.Kernel, target: Target = CPP, symbol: str = "fs_run",
     of their own. The loop nest is a function named by a hash of its text,
     marked for a library to compile once for every kernel that holds it
     (runtime/kernel_library.py); `symbol` calls it."""
-    code = KernelPrinter(kernel, target, "fs_body", "static").kernel()
-    name = "fs_body_" + hashlib.sha256(code.encode("utf-8")).hexdigest()[:24]
-    code = code.replace("static void fs_body(", f"static void {name}(", 1)
-    return "\n".join([kernel_library.SHARED_BEGIN + name, code, kernel_library.SHARED_END,
-                      block_function(linkage or target.export, symbol),
+    name, body = kernel_library.mark_shared(
+        KernelPrinter(kernel, target, "fs_body", "static").kernel(), "fs_body")
+    return "\n".join([body, block_function(linkage or target.export, symbol),
                       f"  {name}(begin, end, ext, bufs);", "}"])
 
 

@@ -9,7 +9,6 @@ dynamic extent such as the batch size changes. No TensorFlow import here.
 
 from __future__ import annotations
 
-import hashlib
 from typing import List
 
 from tf_fusionstitch.codegen import kernel_ir as k
@@ -76,9 +75,10 @@ def format_meta(c, n_ext: int, forward, export: str) -> str:
 
 
 # Shape functions run once per call, on a few integers: optimised as -O1, not
-# the kernels' -O3 (now -O2), a library of MobileNetV2's kernels compiles 10-15% faster
-# (8.1-8.9 -> 7.3-7.6 s of CPU), and a call still takes 8-19 ns (it took
-# 8-16). GCC keeps the command line's other flags (-fwrapv) in such a function.
+# as the kernels are (measured when those were -O3: a library of MobileNetV2's
+# kernels compiled 10-15% faster, 8.1-8.9 -> 7.3-7.6 s of CPU, and a call still
+# took 8-19 ns, against 8-16). GCC keeps the command line's other flags
+# (-fwrapv) in such a function.
 SHAPE_FN_ATTRIBUTES = '__attribute__((optimize("O1")))'
 
 
@@ -129,11 +129,8 @@ def print_shape_fn(s: Schedule, kernel: k.Kernel, export: str, symbol: str = "fs
     holds it (runtime/kernel_library.py); `symbol` passes it this kernel's."""
     c = s.cluster
     statics = [e for e in s.static_extent if e is not None]
-    body = _shape_body(s, kernel)
-    name = "fs_shape_body_" + hashlib.sha256(body.encode("utf-8")).hexdigest()[:24]
-    body = body.replace("int fs_shape_body(", f"int {name}(", 1)
-    lines = [kernel_library.SHARED_BEGIN + name, body, kernel_library.SHARED_END,
-             shape_fn_head(export, symbol, _LABELS if caller_names_inputs else "")]
+    name, body = kernel_library.mark_shared(_shape_body(s, kernel), "fs_shape_body")
+    lines = [body, shape_fn_head(export, symbol, _LABELS if caller_names_inputs else "")]
     lines.append(f"  static const int64_t statics[] = {{{', '.join(map(str, statics)) or '0'}}};")
     if not caller_names_inputs:
         numbers = ", ".join(str(i) for i in range(len(c.inputs))) or "0"

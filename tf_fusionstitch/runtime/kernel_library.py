@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hashlib
 import os
 import pathlib
 from typing import Dict, List, Optional, Sequence, Union
@@ -93,6 +94,15 @@ def library_source(prelude: str, members: Sequence[tuple]) -> str:
         pieces += [f"#undef {name}" for name in ABI_SYMBOLS]
     pieces.append("")
     return "\n".join(pieces)
+
+
+def mark_shared(code: str, placeholder: str) -> tuple:
+    """(name, marked text) of the function `placeholder` that `code`
+    defines first, renamed `<placeholder>_<hash of code>`: kernels that print
+    the same function give it the same name, and a library compiles it once."""
+    name = f"{placeholder}_" + hashlib.sha256(code.encode("utf-8")).hexdigest()[:24]
+    renamed = code.replace(f" {placeholder}(", f" {name}(", 1)
+    return name, "\n".join([SHARED_BEGIN + name, renamed, SHARED_END])
 
 
 def _shared_blocks(code: str):
