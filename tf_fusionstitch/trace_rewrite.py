@@ -240,14 +240,9 @@ def _input_map(concrete, n_args: int, feeds, rewritten) -> dict:
     graph = concrete.graph
     present = {node.name for node in rewritten.node}
     input_map = {t.name: f for t, f in zip(graph.inputs[:n_args], feeds)}
-    # The trace being built takes each capture as a placeholder of its own
-    # (FuncGraph.capture); an Identity op per capture cost 1.6 ms each, 3 s
-    # for the 1,870 of NASNetMobile's train step.
-    tracing = tf.compat.v1.get_default_graph()
-    capture = getattr(tracing, "capture", tf.identity)
     for placeholder, captured in zip(graph.inputs[n_args:], concrete.captured_inputs):
         if placeholder.op.name in present:
-            input_map[placeholder.name] = capture(captured)
+            input_map[placeholder.name] = tf.identity(captured)
     return input_map
 
 
