@@ -74,9 +74,10 @@ def pytest_collection_modifyitems(config, items):
     models = [item.nodeid for item in items if _HERE in item.path.parents]
     mine = balanced_parts(models, duration, n)[k - 1]
     order = {nodeid: rank for rank, nodeid in enumerate(mine)}
-    dropped = [item for item in items if item.nodeid in set(models) - set(mine)]
+    others = set(models) - set(mine)
+    dropped = [item for item in items if item.nodeid in others]
     config.hook.pytest_deselected(items=dropped)
-    kept = [item for item in items if item.nodeid not in set(models) or item.nodeid in order]
+    kept = [item for item in items if item.nodeid not in others]
     items[:] = sorted(kept, key=lambda item: order.get(item.nodeid, len(order)))
 
 
