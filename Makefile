@@ -49,14 +49,18 @@ demo: $(STAMP)
 # which exit with the memory they hold (a worker's memory grows with every
 # model it builds: one that went on to the planner's multi-process tests
 # reached 12 GB and was killed on a 24 GB machine), then the rest.
+# The four pytest runs share one kernel cache (tests/conftest.py), so the op
+# library is built once and a kernel two parts both use is compiled once.
 test: $(STAMP) $(CORE_STAMP)
-	$(CORE_PY) -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=2 -m core tests $(PYTEST_ARGS) \
-		|| test $$? -eq 5   # 5: PYTEST_ARGS chose none of these tests
-	for part in 1/2 2/2; do TF_FUSIONSTITCH_TEST_MODEL_PART=$$part \
-		$(PY) -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=2 --durations=15 -m "not core" \
-		tests/models $(PYTEST_ARGS) || test $$? -eq 5 || exit 1; done
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=2 --durations=15 -m "not core" \
-		--ignore=tests/models tests $(PYTEST_ARGS) || test $$? -eq 5
+	@cache=$$(mktemp -d -t tf_fusionstitch-make-test-XXXXXX) && chmod 700 $$cache \
+		&& trap 'rm -rf '$$cache EXIT && export TF_FUSIONSTITCH_TEST_SESSION_CACHE=$$cache \
+		&& { $(CORE_PY) -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=2 -m core tests \
+			$(PYTEST_ARGS) || test $$? -eq 5; } \
+		&& for part in 1/2 2/2; do TF_FUSIONSTITCH_TEST_MODEL_PART=$$part \
+			$(PY) -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=2 --durations=15 \
+			-m "not core" tests/models $(PYTEST_ARGS) || test $$? -eq 5 || exit 1; done \
+		&& { $(PY) -m pytest -q -n $(PYTEST_WORKERS) --maxschedchunk=2 --durations=15 \
+			-m "not core" --ignore=tests/models tests $(PYTEST_ARGS) || test $$? -eq 5; }
 
 bench: $(STAMP)
 	$(PY) benchmarks/patterns.py $(BENCH_ARGS)
