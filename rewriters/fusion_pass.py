@@ -26,7 +26,8 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.options import FusionOptions
 from tf_fusionstitch.report import ClusterReport
-from tf_fusionstitch.rewriters import (call_dims, decided_shapes, einsum_matmul,
+from tf_fusionstitch.rewriters import (call_dims, decided_shapes, depthwise_calls,
+                                       einsum_matmul,
                                        function_bodies, function_graphs, legality,
                                        loop_gradients, op_table, packing, remapper_epilogues,
                                        slice_gradients, strategies, variable_updates)
@@ -62,6 +63,9 @@ class PassResult:
     # contraction's call with or without this pass, so kernels_before and
     # kernels_after count neither.
     remapper_fused: int = 0
+    # Ops replaced by another TF op that computes the same (depthwise_calls.py):
+    # (node, what it was, what it became).
+    substitutions: list = dataclasses.field(default_factory=list)
 
 
 def _worth_a_kernel(c: ir.Cluster, min_cluster_ops: int) -> bool:
@@ -212,6 +216,10 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
     ((Placeholder, axis) -> size) in the call that traced it, which
     explore's plan guard prices plans at."""
     strategy = strategies.STRATEGIES[options.fusion]
+    substitutions = []
+    if options.depthwise_calls and graph_def.library.function:
+        graph_def, types, substitutions = depthwise_calls.rewrite(graph_def, types,
+                                                                  variable_types or {})
 
     before = memory_intensive_kernels(graph_def)   # the graph TF would run
     moved = None
@@ -233,6 +241,7 @@ def run_fusion_pass(graph_def, types, fetches: Set[Tensor],
     # A function body's inputs are its caller's values, which no guard
     # checks: only what the caller proves of them (call_facts) holds there.
     result = run_pass(graph_def, types, fetches, input_equalities, sizes=call_sizes)
+    result.substitutions = substitutions
     result.kernels_before = before - result.remapper_fused
     if isinstance(moved, str):
         result.clusters.append(ClusterReport(

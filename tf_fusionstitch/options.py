@@ -44,6 +44,10 @@ class FusionOptions:
                                   "where the plan model does not predict the explored plan "
                                   "faster by more than its error on this machine "
                                   "(rewriters/plan_guard.py)")
+    depthwise_calls: bool = _option(True, bool, "run a depthwise convolution that Keras "
+                                    "writes as a grouped Conv2D in a call XLA compiles "
+                                    "(Conv2D(groups=channels) on CPU) as TF's "
+                                    "DepthwiseConv2dNative (rewriters/depthwise_calls.py)")
     pack: bool = _option(True, bool, "fusion='stitch' or 'explore': pack kernels that no "
                          "path connects into one launch (rewriters/packing.py)")
     rewrite_cache: bool = _option(True, bool, "reuse the rewrite of an identical traced "

@@ -80,6 +80,9 @@ class Report:
     # optimize(fn, measured_choice=N): which of the fused and the original
     # function this version runs, from timing both on its first calls.
     choice: str = ""
+    # Ops replaced by another TF op that computes the same, faster
+    # (rewriters/depthwise_calls.py): (node, what it was, what it became).
+    substitutions: List[Tuple[str, str, str]] = dataclasses.field(default_factory=list)
     # The graph this trace runs (not in to_json: set from the trace's graph).
     graph: PlanGraph = dataclasses.field(default_factory=PlanGraph)
 

@@ -109,6 +109,9 @@ def totals_line(report) -> str:
     if report.unfused_ops:
         text += (f"; {len(report.unfused_ops)} fusible-class ops left as TF ops "
                  f"(details() says why)")
+    if report.substitutions:
+        text += (f"; {len(report.substitutions)} op(s) replaced by "
+                 f"{', '.join(sorted({to for _, _, to in report.substitutions}))}")
     return text
 
 
@@ -146,4 +149,6 @@ def details(report) -> str:
             lines.append(f"    {name} ({op}): {why}")
         if len(report.unfused_ops) > 20:
             lines.append(f"    ... and {len(report.unfused_ops) - 20} more")
+    for name, was, now in report.substitutions:
+        lines.append(f"  [replaced] {name}: {was} -> {now}")
     return "\n".join(lines)

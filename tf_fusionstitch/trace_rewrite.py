@@ -140,7 +140,8 @@ def _rewrite(concrete, inputs: InputSizes, options: FusionOptions, name: str):
         compilations=cpu_compiler.compilations - compilations,
         rewrite_seconds=time.perf_counter() - start, unfused_ops=result.unfused_ops,
         assumed_equal=_pair_list(equalities.assumed),
-        equal_sizes_wanted=_pair_list(equalities.wanted), graph=PlanGraph.of(result.graph_def))
+        equal_sizes_wanted=_pair_list(equalities.wanted), substitutions=result.substitutions,
+        graph=PlanGraph.of(result.graph_def))
     # A plan with a fallback or a split pack may owe it to a passing
     # failure (a compiler's timeout): it is not cached.
     if key is not None and not report.fallbacks and not report.split_packs \
