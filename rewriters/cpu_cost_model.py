@@ -96,7 +96,7 @@ BUILTIN = {
     "inline_op": 3e-6,
     # The plan model's relative error predicting TF's own step time on the
     # calibration's graphs (cpu_costs.py); explore keeps its plan over the
-    # XLA-rule plan only when it predicts a larger gain. An assumption here.
+    # rule plans only when it predicts a larger gain. An assumption here.
     "plan_error": 0.1,
 }
 

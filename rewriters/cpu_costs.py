@@ -75,7 +75,7 @@ assert set(_UNARY_OPS) | set(_BINARY_OPS) == set(ir.EXPENSIVE)
 MAX_CACHE_SPEEDUP = 64.0
 
 # The plan model's error is at most this: beyond it, the plan guard keeps
-# the XLA-rule plan whatever explore predicts (plan_guard.py).
+# a rule plan whatever explore predicts (plan_guard.py).
 MAX_PLAN_ERROR = 0.5
 
 # An op counts as compute-bound when it takes this much longer than a cheap

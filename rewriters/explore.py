@@ -429,7 +429,7 @@ def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
                   costs_source: str = "builtin", pack: bool = True,
                   loop_vars: Sequence[recurrences.LoopVar] = (),
                   refusals: Optional[legality.Refusals] = None,
-                  rules_plan: Optional[Callable[[], List[List[str]]]] = None,
+                  rule_plans: Optional[Callable[[], Dict[str, List[List[str]]]]] = None,
                   extents: Optional[Callable] = None
                   ) -> Tuple[List[List[str]], ExploreStats]:
     """The explored plan: clusters (every candidate in exactly one, in
@@ -438,8 +438,9 @@ def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
     packing.py's packs; `loop_vars`: a loop body's variables, (argument
     node, value returned for it) in order, () outside loops; `refusals`
     hears why a producer-consumer pair could not be one kernel;
-    `rules_plan()`: the XLA-rule plan of the same graph, for the plan guard
-    (plan_guard.py; no guard if None, nor in a loop body), which prices plans at `extents(t)`
+    `rule_plans()`: the rule plans of the same graph by name, the default
+    rules' first, for the plan guard (plan_guard.py; no guard if None, nor in
+    a loop body), which prices plans at `extents(t)`
     (a tensor's sizes in the traced call, None where unknown)."""
     start = time.perf_counter()
     costs = cpu_cost_model.validate(dict(costs or cpu_cost_model.BUILTIN))
@@ -462,22 +463,22 @@ def form_clusters(view: GraphView, candidates: Set[str], fetches: Set[Tensor],
                                        recurrences.waited_for(view, loop_vars, recurrence))
         explorer.stats.packed_apart = unpacked - len(groups)
         explorer.stats.plan_score += explorer.stats.packed_apart * costs["launch"]
-    if rules_plan is not None and loop_vars:
+    if rule_plans is not None and loop_vars:
         explorer.stats.guard = ("plan guard: not applied in a loop body, as XLA's rules "
                                 "do not keep a recurrence's ops apart: kept the explored plan")
-    elif rules_plan is not None:
-        groups, explorer.stats.guard = _guarded(view, fetches, groups, rules_plan, costs,
+    elif rule_plans is not None:
+        groups, explorer.stats.guard = _guarded(view, fetches, groups, rule_plans, costs,
                                                 explorer.evaluator.compute_alone, extents)
     explorer.stats.seconds = time.perf_counter() - start
     return groups, explorer.stats
 
 
-def _guarded(view, fetches, groups, rules_plan, costs, compute_of, extents):
-    """The plan guard's choice between `groups` and the XLA-rule plan, and
-    its verdict; the explored plan when the guard fails."""
+def _guarded(view, fetches, groups, rule_plans, costs, compute_of, extents):
+    """The plan guard's choice between `groups` and the rule plans, and its
+    verdict; the explored plan when the guard fails."""
     start = time.perf_counter()
     try:
-        choice = plan_guard.choose(view, fetches, groups, rules_plan(), costs, compute_of,
+        choice = plan_guard.choose(view, fetches, groups, rule_plans(), costs, compute_of,
                                    extents)
     except Exception as e:  # noqa: BLE001  (a guard that fails leaves the plan as explored)
         return groups, f"plan guard failed ({type(e).__name__}: {e}): kept the explored plan"

@@ -68,13 +68,17 @@ class Stitch(Strategy):
     def form_clusters(self, view, candidates, context):
         refusals = legality.Refusals()
         recurrence = recurrences.recurrence_ids(view, context.loop_vars, candidates)
-        groups = clustering.form_clusters(view, candidates, context.fetches, recurrence,
-                                          refusals=refusals)
-        if context.options.pack:
-            groups = packing.pack_clusters(
-                view, groups, context.fetches,
-                recurrences.waited_for(view, context.loop_vars, recurrence))
+        groups = _stitch_plan(view, candidates, context.fetches, context.options.pack,
+                              recurrence, recurrences.waited_for(view, context.loop_vars,
+                                                                 recurrence), refusals)
         return Formed(groups, {}, refusals.first)
+
+
+def _stitch_plan(view, candidates, fetches, pack: bool, recurrence=None,
+                 carried=frozenset(), refusals=None) -> List[List[str]]:
+    groups = clustering.form_clusters(view, candidates, fetches, recurrence,
+                                      refusals=refusals)
+    return packing.pack_clusters(view, groups, fetches, carried) if pack else groups
 
 
 class XlaLike(Strategy):
@@ -101,17 +105,20 @@ class Explore(Strategy):
             view, candidates, context.fetches, k=o.explore_k, beam=o.explore_beam,
             costs=context.costs, costs_source=context.costs_source, pack=o.pack,
             loop_vars=context.loop_vars, refusals=refusals,
-            rules_plan=(lambda: _xla_rule_plan(view, candidates, context.fetches))
+            rule_plans=(lambda: _rule_plans(view, candidates, context.fetches, o.pack))
             if o.explore_guard else None,
             extents=context.extents)
         return Formed(groups, {}, refusals.first, str(stats))
 
 
-def _xla_rule_plan(view, candidates, fetches) -> List[List[str]]:
-    """XLA's fusion rules on the graph as given (Softmax not expanded): the
-    plan explore's guard weighs its own against."""
+def _rule_plans(view, candidates, fetches, pack: bool) -> Dict[str, List[List[str]]]:
+    """The plans explore's guard weighs its own against, the default first:
+    the default rules' (stitch, packed as `pack` says) and XLA's (Softmax not
+    expanded), both of the graph as given. The guard runs outside loop
+    bodies only, so no recurrence keeps ops apart here."""
     rejected = xla_like.unfusible_alone(view, candidates, fetches)
-    return xla_like.form_clusters(view, candidates - set(rejected), fetches)
+    return {"stitch": _stitch_plan(view, candidates, fetches, pack),
+            "XLA-rule": xla_like.form_clusters(view, candidates - set(rejected), fetches)}
 
 
 # In options.STRATEGIES' order (tests/rewriters/test_strategies.py checks the names agree).

@@ -273,8 +273,8 @@ def optimize(fn, **options) -> OptimizedFunction:
     both for fusion="explore" only, as is costs ("calibrated", the default:
     the plan's costs measured on this machine once, then cached; or
     "builtin"; rewriters/cpu_costs.py) and explore_guard (bool, default True:
-    keep XLA's fusion rules where the plan model cannot tell the explored plan
-    is faster, rewriters/plan_guard.py); pack (bool, default True; fusion="stitch"
+    keep a rule plan, stitch's or XLA's, where the plan model cannot tell the
+    explored plan is faster, rewriters/plan_guard.py); pack (bool, default True; fusion="stitch"
     or "explore"): kernels that no path connects share one launch;
     rewrite_cache (bool, default True): reuse the rewrite of an identical
     traced graph (same options, TensorFlow and tf_fusionstitch code) from the

@@ -40,10 +40,10 @@ class FusionOptions:
     costs: str = _option("calibrated", str, "fusion='explore': the delta evaluator's costs, "
                          "'calibrated' (measured on this machine once, then cached: "
                          "rewriters/cpu_costs.py) or 'builtin'", choices=COSTS)
-    explore_guard: bool = _option(True, bool, "fusion='explore': keep the XLA-rule plan "
-                                  "where the plan model does not predict the explored plan "
-                                  "faster by more than its error on this machine "
-                                  "(rewriters/plan_guard.py)")
+    explore_guard: bool = _option(True, bool, "fusion='explore': keep a rule plan (stitch's "
+                                  "or XLA's) where the plan model does not predict the "
+                                  "explored plan faster by more than its error on this "
+                                  "machine (rewriters/plan_guard.py)")
     depthwise_calls: bool = _option(True, bool, "run a depthwise convolution that Keras "
                                     "writes as a grouped Conv2D in a call XLA compiles "
                                     "(Conv2D(groups=channels) on CPU) as TF's "

@@ -476,8 +476,9 @@ class OptionsTest(tf.test.TestCase):
 
 
 class PlanGuardTest(tf.test.TestCase):
-    """The plan guard (rewriters/plan_guard.py) keeps the explored plan or the
-    XLA-rule plan, says which and why, and either gives TF's results."""
+    """The plan guard (rewriters/plan_guard.py) keeps the explored plan or a
+    rule plan (stitch's, optimize's default, or XLA's), says which and why,
+    and every choice gives TF's results."""
 
     def test_the_report_names_the_plan_kept_and_both_give_tfs_results(self):
         gen = rng(9900)
@@ -485,21 +486,28 @@ class PlanGuardTest(tf.test.TestCase):
         weights = [random(gen, s, "float32") for s in ((HIDDEN,), (HIDDEN,))]
         f = tf.function(lambda x, g, b: tf.nn.softmax(_layernorm(x, g, b) * 2.0))
         expected = f(x, *weights)
-        kept = {}
+        default = fs.optimize(f, rewrite_cache=False)
+        quiet_call(default, x, *weights)
+        reports = {}
         for error in (0.0, 0.99):
             costs = dict(cpu_cost_model.BUILTIN, plan_error=error)
             with mock.patch.object(cpu_costs, "for_this_machine",
                                    return_value=(costs, "calibrated")):
                 opt = fs.optimize(f, fusion="explore", rewrite_cache=False)
                 assert_same(self, quiet_call(opt, x, *weights), expected, "transcendental")
-            report = opt.report()
-            self.assertRegex(report.exploration, r"plan guard: explored plan [\d.]+ ms")
-            kept[error] = re.search(r"kept the ([\w-]+) plan", report.exploration).group(1)
-            if kept[error] == "XLA-rule":  # layernorm's two reductions: two kernels
-                self.assertGreater(report.kernels_after, 1, str(report))
-        # beyond a 99% error nothing is certain; with none, the faster prediction wins
-        self.assertEqual(kept[0.99], "XLA-rule")
-        self.assertEqual(kept[0.0], "explored")
+            reports[error] = opt.report()
+        for error, report in reports.items():
+            predicted = {name: float(ms) for name, ms in re.findall(
+                r"([\w-]+) plan ([\d.]+) ms", report.exploration)}
+            self.assertEqual(set(predicted), {"explored", "stitch", "XLA-rule"},
+                             report.exploration)
+            kept = re.search(r"kept the ([\w-]+) plan", report.exploration).group(1)
+            # with no error, the kept plan is never predicted slower than another
+            if error == 0.0:
+                self.assertEqual(predicted[kept], min(predicted.values()), report.exploration)
+        # beyond a 99% error nothing is certain: the plan the default rules give
+        self.assertIn("kept the stitch plan", reports[0.99].exploration)
+        self.assertEqual(reports[0.99].kernels_after, default.report().kernels_after)
 
     def test_no_guard_no_verdict(self):
         f = tf.function(lambda x: tf.nn.relu(x * 2.0) + 1.0)

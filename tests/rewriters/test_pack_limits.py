@@ -148,7 +148,7 @@ class ManySmallUpdatesTest(tf.test.TestCase):
 
     def test_explore_mixed_shapes(self):
         # the explored plan itself, not the plan guard's choice (which may
-        # keep the XLA-rule plan, with no packs)
+        # keep a rule plan)
         self._check([(8,), (3, 3, 16), (128,)], fusion="explore", explore_guard=False)
 
 

@@ -215,31 +215,56 @@ class GuardTest(tf.test.TestCase):
         view = view_of(f, tf.TensorSpec([1 << 16]), tf.TensorSpec([1 << 16]))
         ops = {view.nodes[n].op: n for n in view.nodes}
         fused = [[ops["Mul"], ops["Relu"], ops["AddV2"]], [ops["Sqrt"]]]
+        partly = [[ops["Mul"], ops["Relu"]], [ops["AddV2"]], [ops["Sqrt"]]]
         apart = [[ops["Mul"]], [ops["Relu"]], [ops["AddV2"]], [ops["Sqrt"]]]
-        return view, fused, apart
+        return view, fused, partly, apart
+
+    def _choose(self, explored, stitch, xla, error):
+        view = self._plans()[0]
+        costs = dict(cpu_cost_model.BUILTIN, cores=2, plan_error=error)
+        return plan_guard.choose(view, set(), explored, {"stitch": stitch, "XLA-rule": xla},
+                                 costs, lambda n: 0.0)
 
     def test_the_explored_plan_is_kept_only_above_the_models_error(self):
-        view, fused, apart = self._plans()
-        costs = dict(cpu_cost_model.BUILTIN, cores=2, plan_error=0.05)
-        choice = plan_guard.choose(view, set(), fused, apart, costs, lambda n: 0.0)
+        _, fused, _, apart = self._plans()
+        choice = self._choose(fused, apart, apart, 0.05)
         # fusing three ops over 256 KiB tensors saves two round trips: far above 5%
         self.assertTrue(choice.kept_explored)
         self.assertGreater(choice.gain, 0.05)
         self.assertEqual(choice.groups, fused)
         self.assertIn("kept the explored plan", str(choice))
-        doubtful = plan_guard.choose(view, set(), fused, apart,
-                                     dict(costs, plan_error=0.9), lambda n: 0.0)
+        doubtful = self._choose(fused, apart, apart, 0.9)
         self.assertFalse(doubtful.kept_explored)
         self.assertEqual(doubtful.groups, apart)
         self.assertRegex(str(doubtful), r"within the plan model's error \(90\.0%\): "
-                                        r"kept the XLA-rule plan")
+                                        r"kept the stitch plan")
+
+    def test_the_explored_plan_must_beat_every_rule_plan(self):
+        _, fused, partly, apart = self._plans()
+        # faster than stitch's plan by far, slower than XLA's
+        choice = self._choose(partly, apart, fused, 0.05)
+        self.assertGreater(choice.gain_over("stitch"), 0.05)
+        self.assertLess(choice.gain_over("XLA-rule"), 0)
+        self.assertEqual(choice.gain, choice.gain_over("XLA-rule"))
+        self.assertEqual((choice.kept, choice.groups), ("XLA-rule", fused))
+
+    def test_the_default_rule_plan_is_kept_where_the_model_cannot_tell_them_apart(self):
+        _, fused, partly, apart = self._plans()
+        xla = self._choose(apart, partly, fused, 0.05)
+        self.assertEqual(xla.kept, "XLA-rule")   # one launch and round trip fewer: > 5%
+        unsure = self._choose(apart, partly, fused, 0.9)
+        self.assertEqual((unsure.kept, unsure.groups), ("stitch", partly))
 
     def test_a_slower_explored_plan_is_never_kept(self):
-        view, fused, apart = self._plans()
-        costs = dict(cpu_cost_model.BUILTIN, cores=2, plan_error=0.0)
-        choice = plan_guard.choose(view, set(), apart, fused, costs, lambda n: 0.0)
+        _, fused, _, apart = self._plans()
+        choice = self._choose(apart, fused, fused, 0.0)
         self.assertLess(choice.gain, 0)
-        self.assertEqual(choice.groups, fused)
+        self.assertEqual((choice.kept, choice.groups), ("stitch", fused))
+
+    def test_a_guard_needs_a_rule_plan(self):
+        view, fused, _, _ = self._plans()
+        with self.assertRaisesRegex(ValueError, "at least one rule plan"):
+            plan_guard.choose(view, set(), fused, {}, dict(cpu_cost_model.BUILTIN), None)
 
 
 class CalibrationChecksTest(tf.test.TestCase):

@@ -121,7 +121,7 @@ class SegmentSumsTest(tf.test.TestCase):
             return (tf.math.unsorted_segment_sum(g * 0.1, ids, 300),
                     tf.math.unsorted_segment_sum(tf.square(g) * 0.001, ids, 300))
 
-        # explore's own plan: the plan guard could keep the XLA-rule one
+        # explore's own plan: the plan guard could keep a rule plan
         opt = fs.optimize(moments, fusion="explore", explore_guard=False)
         gen = rng(7)
         for batch in (64, 3):
