@@ -494,12 +494,13 @@ def connected_parts(cluster: Cluster) -> list:
         for i in op.inputs:
             if i in sources:
                 readers.setdefault(i, set()).add(find(op.name))
-    # A source that is an output, or that nothing reads, is a part of its own
-    # (written once, by that part).
+    # A source that is an output is a part of its own (written once, by that
+    # part). One that is neither read nor an output (a Pow's exponent that
+    # lowering turned into multiplies) joins no part: it computes nothing.
     outputs = set(cluster.outputs)
     order = list(dict.fromkeys(
         find(op.name) for op in cluster.ops
-        if op.name not in sources or op.name in outputs or op.name not in readers))
+        if op.name not in sources or op.name in outputs))
     input_index = {n: i for i, (n, _) in enumerate(cluster.inputs)}
     parts = []
     for r in order:

@@ -130,6 +130,23 @@ def test_constants_do_not_join_parts_and_are_written_once():
     assert k == np.float32(0.5)
 
 
+def test_a_constant_nothing_reads_joins_no_part():
+    # Pow(x, 3) lowers to x * x * x and leaves its exponent unread: one part,
+    # one kernel, not a pack with an empty second part.
+    f = T("float32", (N, 8))
+    c = ir.Cluster((("x", f),),
+                   (op("e", "const", [], T("float32", ()), value=3.0),
+                    op("s", "square", ["x"], f),
+                    op("c", "mul", ["s", "x"], f)),
+                   ("c",))
+    (part,) = ir.connected_parts(c)
+    assert [o.name for o in part.cluster.ops] == ["s", "c"]
+    x = RNG.standard_normal((5, 8), dtype=np.float32)
+    (c_out,), kernel = run(c, [x])
+    np.testing.assert_array_equal(c_out, np.square(x) * x)
+    assert kernel.parts == 1
+
+
 def _siblings():
     """Two elementwise parts over the same inputs (x - y; 2 x y) and one
     over x alone (|x|)."""
