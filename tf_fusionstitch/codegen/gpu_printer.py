@@ -436,8 +436,7 @@ def print_emulation(plan: GpuPlan, reverse_threads: bool = False) -> str:
                 f"for (int tid = 0; tid < {nt}; ++tid) {{")
     blocks = [_emulated_block(b, tid_loop, nt) for b in bodies]
     shared = shared_union(bodies)
-    out = ["#include <vector>"] if m.row_blocks > 1 else []
-    out.append(printer.block_function(printer.CPP.export))
+    out = [printer.block_function(printer.CPP.export)]
     out += ["  " + line for line in printer.tensor_pointers(
         [(tn.dtype, tn.is_output) for tn in plan.kernel.tensors], printer.CPP)]
     out += ["  " + line for line in bodies[0].uniform]
@@ -455,7 +454,10 @@ def print_emulation(plan: GpuPlan, reverse_threads: bool = False) -> str:
                    f"{m.rows_per_block - 1}) / {m.rows_per_block} : 0;")
     else:
         out.append(f"  const int64_t n_blocks = end > begin ? (end - begin) * {m.row_blocks} : 0;")
-        out += [f"  std::vector<{ctype}> {name}(n_blocks);" for name, ctype in
+        # Heap arrays, not std::vector: a kernel's code after the shared
+        # prelude compiles inside a namespace in a library, where no
+        # #include may stand (runtime/kernel_library.py).
+        out += [f"  {ctype}* {name} = new {ctype}[n_blocks]();" for name, ctype in
                 split_workspace(plan)]
     for body, _ in blocks:
         out.append("  for (int64_t block = 0; block < n_blocks; ++block) {")
@@ -464,6 +466,8 @@ def print_emulation(plan: GpuPlan, reverse_threads: bool = False) -> str:
         out += [f"    std::memset({name}, 0xff, sizeof {name});" for name, _, _ in shared]
         out += ["    " + line for line in body]
         out.append("  }")
+    if m.row_blocks > 1:
+        out += [f"  delete[] {name};" for name, _ in split_workspace(plan)]
     out.append("}")
     return "\n".join(out) + "\n"
 
