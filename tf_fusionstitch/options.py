@@ -13,6 +13,8 @@ import dataclasses
 from typing import Any, Dict
 
 STRATEGIES = ("stitch", "xla_like", "explore")
+# kernels.TARGETS (tests/api/test_options.py checks they agree).
+TARGETS = ("cpu", "cuda-emulated")
 COSTS = ("calibrated", "builtin")
 
 
@@ -50,6 +52,12 @@ class FusionOptions:
                                     "DepthwiseConv2dNative (rewriters/depthwise_calls.py)")
     pack: bool = _option(True, bool, "fusion='stitch' or 'explore': pack kernels that no "
                          "path connects into one launch (rewriters/packing.py)")
+    target: str = _option("cpu", str, "the kernels' target: 'cpu' (C++ kernels) or "
+                          "'cuda-emulated' (each cluster's CUDA schedule emulated in C++ "
+                          "inside the same CPU op: the GPU index math, barriers and shuffles "
+                          "run on whole models; tf_fusionstitch/kernels.py); the GPU "
+                          "target launches a kernel per cluster, so it does not pack",
+                          choices=TARGETS)
     rewrite_cache: bool = _option(True, bool, "reuse the rewrite of an identical traced "
                                   "graph from the disk cache (tf_fusionstitch/rewrite_cache.py)")
     specialize: bool = _option(True, bool, "where a call's arguments make dynamic sizes "
@@ -92,6 +100,12 @@ class FusionOptions:
                 raise TypeError(f"optimize() got an unknown option {key!r}; options are: "
                                 f"{', '.join(sorted(names))}")
         options = cls(**given)
+        if options.target != "cpu":
+            if given.get("pack"):
+                raise ValueError(f"optimize() option pack=True applies to target='cpu' (got "
+                                 f"target={options.target!r}, whose kernels launch one per "
+                                 "cluster); drop pack")
+            options = dataclasses.replace(options, pack=False)
         if "pack" in given and options.fusion == "xla_like":
             raise ValueError("optimize() option pack applies to fusion='stitch' and "
                              "'explore' (got fusion='xla_like', which never packs, as XLA "

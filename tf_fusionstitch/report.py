@@ -83,6 +83,7 @@ class Report:
     # Ops replaced by another TF op that computes the same, faster
     # (rewriters/depthwise_calls.py): (node, what it was, what it became).
     substitutions: List[Tuple[str, str, str]] = dataclasses.field(default_factory=list)
+    target: str = "cpu"                # the kernels' target (kernels.TARGETS)
     # The graph this trace runs (not in to_json: set from the trace's graph).
     graph: PlanGraph = dataclasses.field(default_factory=PlanGraph)
 

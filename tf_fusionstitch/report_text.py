@@ -71,7 +71,8 @@ def header_lines(report) -> List[str]:
     return [f"tf_fusionstitch report for {report.function}{report.signature}",
             f"  memory-intensive kernels: TF {report.kernels_before} -> this plan "
             f"{report.kernels_after} (fusion={report.fusion}, "
-            f"{len(report.fused_clusters)} FusionStitch)",
+            + (f"target={report.target}, " if report.target != "cpu" else "")
+            + f"{len(report.fused_clusters)} FusionStitch)",
             *([f"  {report.exploration}"] if report.exploration else []),
             *([f"  {report.choice}"] if report.choice else []),
             *([f"  assumes equal sizes (checked on every call; other calls run "

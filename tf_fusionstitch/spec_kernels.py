@@ -6,7 +6,8 @@ it, it is parsed and validated against the IR's grammar
 (fusion_ir.Cluster.from_json: identifiers, known primitives and attributes,
 supported dtypes, numeric constants, every shape re-inferred), it must be the
 canonical JSON of what it parses to, and its hash must be the node's
-`kernel_key`. The hash is a checksum: it catches a spec edited or corrupted
+`kernel_key` for one of the kernel targets (kernels.target_of), which says
+what to build. The hash is a checksum: it catches a spec edited or corrupted
 without its key (or made by another kernel generator), not an attacker, who
 can recompute it; the validation is what keeps code out, since the source is
 always regenerated from the validated spec.
@@ -23,19 +24,28 @@ from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch import kernels
 
 
-def checked_cluster(spec: str, key: str) -> ir.Cluster:
-    """The cluster `spec` describes; raises fusion_ir.SpecError saying why
-    the spec is refused."""
+def checked_cluster(spec: str, key: str) -> Tuple[ir.Cluster, str]:
+    """The cluster `spec` describes and the target its key names; raises
+    fusion_ir.SpecError saying why the spec is refused."""
     cluster = ir.Cluster.from_json(spec)
     if cluster.to_json() != spec:
         raise ir.SpecError("the spec is not in the canonical form tf_fusionstitch writes "
                            "(it was edited)")
-    if kernels.kernel_key(spec) != key:
-        raise ir.SpecError(
-            f"the kernel_key {key[:40]!r} is not the hash of the spec under kernel generator "
-            f"{kernels.GENERATOR_VERSION}: the spec was edited or corrupted, or another "
-            "version of tf_fusionstitch wrote it (convert the model again)")
-    return cluster
+    return cluster, kernels.target_of(spec, key)
+
+
+def build_by_target(checked: List[Tuple[ir.Cluster, str]], timeout: float
+                    ) -> List[object]:
+    """kernels.build_cpu_kernels of each (cluster, target), one call per
+    target: a CompiledKernel or the exception per pair, in order."""
+    out: List[object] = [None] * len(checked)
+    for target in dict.fromkeys(t for _, t in checked):
+        index = [i for i, (_, t) in enumerate(checked) if t == target]
+        built = kernels.build_cpu_kernels([checked[i][0] for i in index], timeout=timeout,
+                                          target=target)
+        for i, kernel in zip(index, built):
+            out[i] = kernel
+    return out
 
 
 def graph_specs(graph_def) -> List[Tuple[str, str]]:
@@ -56,9 +66,7 @@ def rebuild(pairs: Iterable[Tuple[str, str]], timeout: float
             ) -> List[kernels.CompiledKernel]:
     """The kernel of each (spec, kernel_key), generated from its checked spec
     (compiled only where the kernel cache lacks it); raises the first failure."""
-    pairs = list(pairs)
-    clusters = [checked_cluster(spec, key) for spec, key in pairs]
-    built = kernels.build_cpu_kernels(clusters, timeout=timeout)
+    built = build_by_target([checked_cluster(spec, key) for spec, key in pairs], timeout)
     for kernel in built:
         if isinstance(kernel, Exception):
             raise kernel
@@ -76,21 +84,22 @@ class Resolver:
         self._register = register
         self._timeout = timeout
         self._lock = threading.Lock()
-        self._pending: Dict[str, ir.Cluster] = {}   # checked, not yet built, by key
+        # checked, not yet built, by key: (cluster, target)
+        self._pending: Dict[str, Tuple[ir.Cluster, str]] = {}
 
     def check(self, key: str, spec: str) -> None:
-        cluster = checked_cluster(spec, key)
+        checked = checked_cluster(spec, key)
         with self._lock:
-            self._pending[key] = cluster
+            self._pending[key] = checked
 
     def build(self, key: str, spec: str) -> None:
         """Registers the kernel of (key, spec), and of every pending one with it."""
-        cluster = checked_cluster(spec, key)
+        checked = checked_cluster(spec, key)
         with self._lock:
-            self._pending[key] = cluster
-            keys, clusters = list(self._pending), list(self._pending.values())
+            self._pending[key] = checked
+            keys, pending = list(self._pending), list(self._pending.values())
             self._pending.clear()
-            built = kernels.build_cpu_kernels(clusters, timeout=self._timeout)
+            built = build_by_target(pending, self._timeout)
             failure = None
             for k, kernel in zip(keys, built):
                 if isinstance(kernel, Exception):

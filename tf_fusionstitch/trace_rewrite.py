@@ -124,7 +124,7 @@ def _rewrite(concrete, inputs: InputSizes, options: FusionOptions, name: str):
         fetches.add((src, port))
 
     def build(clusters):
-        return build_kernels(clusters, options.compile_timeout)
+        return build_kernels(clusters, options.compile_timeout, options.target)
     result = run_fusion_pass(graph_def, types, fetches, build, options, costs, costs_source,
                              equalities, variables, call_sizes)
     output_names = []
@@ -134,7 +134,7 @@ def _rewrite(concrete, inputs: InputSizes, options: FusionOptions, name: str):
         output_names.append(mapped if ":" in mapped else mapped + ":0")
     report = Report(
         function=name, signature=signature_text(concrete),
-        fusion=options.fusion, exploration=result.exploration,
+        fusion=options.fusion, target=options.target, exploration=result.exploration,
         clusters=result.clusters, kernels_before=result.kernels_before,
         kernels_after=result.kernels_after, compile_seconds=result.compile_seconds,
         compilations=cpu_compiler.compilations - compilations,
@@ -177,11 +177,11 @@ def captured_variable_types(concrete) -> dict:
     return out
 
 
-def build_kernels(clusters, timeout: float):
+def build_kernels(clusters, timeout: float, target: str = kernels.CPU):
     """A registered kernel, or the exception that stopped it, per cluster;
     the missing kernels are compiled several to a compiler run."""
     from tf_fusionstitch.custom_ops import loader  # noqa: F401  (builds the op library once)
-    built = kernels.build_cpu_kernels(clusters, timeout=timeout)
+    built = kernels.build_cpu_kernels(clusters, timeout=timeout, target=target)
     for i, kernel in enumerate(built):
         if not isinstance(kernel, Exception):
             try:

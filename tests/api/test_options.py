@@ -5,7 +5,8 @@ import dataclasses
 
 import pytest
 
-from tf_fusionstitch.options import NOT_IN_CACHE_KEY, STRATEGIES, FusionOptions
+from tf_fusionstitch import kernels
+from tf_fusionstitch.options import NOT_IN_CACHE_KEY, STRATEGIES, TARGETS, FusionOptions
 
 
 def test_defaults_are_valid_and_the_fields_are_keyword_only():
@@ -23,6 +24,7 @@ def test_defaults_are_valid_and_the_fields_are_keyword_only():
     (dict(min_cluster_ops=0), ValueError, "at least 1"),
     (dict(fusion="explore", explore_k=9), ValueError, "expected 1 to 8"),
     (dict(measured_choice=-1), ValueError, "expected 0 to 1000"),
+    (dict(target="cuda"), ValueError, "'cpu', 'cuda-emulated'"),
 ])
 def test_a_bad_value_names_the_option_and_what_it_takes(given, error, words):
     with pytest.raises(error, match=words.replace("(", r"\(")):
@@ -33,6 +35,7 @@ def test_a_bad_value_names_the_option_and_what_it_takes(given, error, words):
     (dict(fusion="xla_like", pack=False), "drop pack"),
     (dict(explore_k=4), "applies only to fusion='explore'"),
     (dict(costs="builtin"), "pass fusion='explore' or drop costs"),
+    (dict(target="cuda-emulated", pack=True), "pack=True applies to target='cpu'"),
 ])
 def test_from_call_refuses_options_the_strategy_ignores(given, words):
     FusionOptions(**given)   # each value is valid on its own
@@ -55,3 +58,10 @@ def test_the_cache_key_holds_what_changes_the_rewritten_graph():
 def test_every_option_has_help_text_and_the_strategies_are_named():
     assert all(FusionOptions.help().values())
     assert STRATEGIES == ("stitch", "xla_like", "explore")
+
+
+def test_the_gpu_target_launches_a_kernel_per_cluster_so_does_not_pack():
+    assert FusionOptions.from_call().pack
+    assert not FusionOptions.from_call(target="cuda-emulated").pack
+    assert not FusionOptions.from_call(target="cuda-emulated", pack=False).pack
+    assert TARGETS == kernels.TARGETS

@@ -11,7 +11,7 @@ from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch.codegen import gpu_printer, kernel_ir, pack, printer, scatter, shape_fn
 from tf_fusionstitch.gpu.choice import plan_gpu
 from tf_fusionstitch.gpu.mapping import GpuPlan
-from tf_fusionstitch.schedule import build_schedule
+from tf_fusionstitch.schedule import UnsupportedCluster, build_schedule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +67,7 @@ def generate_cuda(cluster: ir.Cluster, gpu=None, plan: Optional[GpuPlan] = None
     column-count thresholds). Raises UnsupportedCluster where the GPU target
     cannot fuse it."""
     cluster.validate()
-    plan = plan or plan_gpu(build_schedule(cluster), gpu)
+    plan = plan or plan_gpu(gpu_schedule(cluster), gpu)
     n_ext = shape_fn.num_ext(plan.schedule)
     return GeneratedCudaKernel(gpu_printer.print_cuda(plan, n_ext), plan, n_ext,
                                _host_part(plan))
@@ -80,10 +80,22 @@ def generate_gpu_emulation(cluster: ir.Cluster, reverse_threads: bool = False, g
     loops per phase (in ascending or descending order), so the CPU runtime
     checks the GPU index math, barriers and shuffles."""
     cluster.validate()
-    plan = plan or plan_gpu(build_schedule(cluster), gpu)
+    plan = plan or plan_gpu(gpu_schedule(cluster), gpu)
     source = "\n".join([_host_part(plan), gpu_printer.print_emulation(plan, reverse_threads),
                         ""])
     return GeneratedKernel(source, (plan.schedule,))
+
+
+def gpu_schedule(cluster: ir.Cluster):
+    """The cluster's schedule for the GPU target, which launches one kernel
+    of one iteration space per cluster (parts that share it, such as sibling
+    reductions of one input, are one kernel): UnsupportedCluster for
+    segment sums, which only the CPU target prints, and from build_schedule
+    for parts in different iteration spaces (a CPU pack)."""
+    if scatter.is_scatter(cluster):
+        raise UnsupportedCluster("segment sums have no GPU kernel yet: they stay TF ops "
+                                 "on the GPU target")
+    return build_schedule(cluster)
 
 
 def _host_part(plan: GpuPlan) -> str:
