@@ -17,6 +17,13 @@ models): tests/zoo_testlib.py says why both and how much;
   for every op that binds an axis (tests/planner/test_planner_import_coverage.py
   checks the models that exercise each of the importer's features).
 
+For the models CUDA_EMULATED lists, inference and the train steps also run
+with target="cuda-emulated": every kernel is its cluster's CUDA schedule
+(index math, barriers, warp shuffles) emulated in C++ inside the same op,
+against the same references. A subset, to keep `make test` under 30 minutes:
+every text model and the CNNs of each kind of block (inverted residuals,
+squeeze-and-excitation, residual, separable and plain convolutions).
+
 The comparison catches a plan that is slightly wrong: one fused op of a train
 step off by a relative 1e-5 fails it (PerturbedPlanTest).
 """
@@ -42,6 +49,12 @@ _SEED = 5
 # {reason text: why the fallback is expected}. Empty: no cluster of any zoo
 # model may stay as TF ops.
 KNOWN_FALLBACKS = {}
+CUDA_EMULATED = {"mobilenet_v2", "efficientnet_b0", "resnet50_v2", "xception", "vgg16",
+                 *zoo.text.ENTRIES}
+KNOWN_CUDA_FALLBACKS = {
+    "segment sums have no GPU kernel yet": "an embedding's sparse gradient summed per "
+                                           "row (codegen/scatter.py has only a CPU kernel)",
+}
 
 
 def _quiet_calls(fn, calls):
@@ -99,47 +112,59 @@ def optimized_comparison(model, references, options=None):
 
 class ZooTest(tf.test.TestCase, parameterized.TestCase):
 
-    def _check_reports(self, opt, what):
+    def _check_reports(self, opt, what, known=KNOWN_FALLBACKS):
         reports = opt.reports()
         self.assertNotEmpty(reports, f"{what}: never traced")
         for report in reports:
             self.assertEqual(report.failure, "", f"{what}: the rewrite failed")
-        self.assertEqual(zt.unnamed_fallbacks(reports, KNOWN_FALLBACKS), [], what)
+        self.assertEqual(zt.unnamed_fallbacks(reports, known), [], what)
         self.assertEmpty(zt.unexplained_unfused(reports[-1]),
                          f"{what}: nothing fused\n{reports[-1]}")
 
-    def _check_inference(self, model, twin):
+    def _check_inference(self, model, twin, targets):
         shapes = ([(2, 12), (3, 16)] if model.family == "text" else [(2, None), (3, None)])
         gen = np.random.default_rng(_SEED)
         batches = [model.make_batch(gen, batch, seq).inputs for batch, seq in shapes]
         want = [zt.flat_outputs(model.inference(*b)) for b in batches]
         xla = zt.xla_function(model.inference)
         refs = [[zt.flat_outputs(f(*b)) for f in (twin.inference, xla)] for b in batches]
-        opt = fs.optimize(model.inference)
-        got, warned = _quiet_calls(opt, batches)
-        for shape, w, r, g in zip(shapes, want, refs, got):
-            self.assertEqual(zt.mismatched_outputs(w, r, zt.flat_outputs(g)), [],
-                             f"inference at (batch, seq) {shape}")
-        self._check_reports(opt, "inference")
-        self.assertEqual(warned, [], "inference warned")
+        for target in targets:
+            opt = fs.optimize(model.inference, target=target)
+            got, warned = _quiet_calls(opt, batches)
+            for shape, w, r, g in zip(shapes, want, refs, got):
+                self.assertEqual(zt.mismatched_outputs(w, r, zt.flat_outputs(g)), [],
+                                 f"{target} inference at (batch, seq) {shape}")
+            self._check_reports(opt, f"{target} inference", _known_fallbacks(target))
+            if target == "cpu":   # the GPU target's named fallbacks warn
+                self.assertEqual(warned, [], "inference warned")
 
     @parameterized.named_parameters((name, name) for name in zoo.NAMES)
     def test_matches_tf(self, name):
         model = zoo.build(name, "tiny", seed=_SEED)
         twin = zt.build_twin(model, name, _SEED)
+        targets = ["cpu"] + (["cuda-emulated"] if name in CUDA_EMULATED else [])
         with self.subTest("inference"):
-            self._check_inference(model, twin)
+            self._check_inference(model, twin, targets)
         with self.subTest("train steps"):
-            mismatches, warned, opt = optimized_comparison(model, train_references(model, twin))
-            self.assertEqual(mismatches, [], f"train steps ({zt.twin_policy(model)} twin"
-                             + (")" if model.dropout else " and XLA)"))
-            self._check_reports(opt, "train step")
-            self.assertEqual(warned, [], "train step warned")
+            references = train_references(model, twin)
+            for target in targets:
+                mismatches, warned, opt = optimized_comparison(model, references,
+                                                               {"target": target})
+                self.assertEqual(mismatches, [], f"{target} train steps "
+                                 f"({zt.twin_policy(model)} twin"
+                                 + (")" if model.dropout else " and XLA)"))
+                self._check_reports(opt, f"{target} train step", _known_fallbacks(target))
+                if target == "cpu":
+                    self.assertEqual(warned, [], "train step warned")
         with self.subTest("planner import"):
             # The planner's IR of the same train step has an axis rule for every op that
             # binds an axis (checked here, where the model is built anyway).
             graph = planner_zoo.train_step_graph(model)
             self.assertEqual(op_rules.conservative_ops(graph), {}, "ops on the conservative rule")
+
+
+def _known_fallbacks(target):
+    return KNOWN_FALLBACKS if target == "cpu" else {**KNOWN_FALLBACKS, **KNOWN_CUDA_FALLBACKS}
 
 
 def _forward_reduction(model, cluster):
