@@ -75,3 +75,56 @@ def test_on_gpu_yes_without_a_gpu_says_why(tmp_path):
     assert "--on_gpu=yes but no GPU is usable" in res.stdout + res.stderr
     res = run_tool(tmp_path)
     assert res.returncode == 0 and "ours/call us" not in res.stdout
+
+
+def test_an_ill_conditioned_update_is_judged_relative_to_its_outputs(tmp_path):
+    """An AdamW update packed with batch-norm gradient sums (EfficientNetB0's
+    train step; the part that issue 26 saw fail at 1.1e-4). The kernels are
+    not at fault: the emulated GPU kernel's sums and the CPU kernel's are
+    as close to float64 (a few float32 ulp of the largest sum). The random inputs are: the update's
+    second moment, in21 + 0.001 * (sum**2 - in20), cancels to nearly 0 where
+    the random in21 is near -0.001 * sum**2 (a real second moment is never
+    negative), so one ulp of the sum moves the update by 1e-4 of its scale,
+    and the two kernels, rounding the sum a different way, differ elementwise
+    beyond the tolerance. The check judges spec files relative to each
+    output's largest magnitude, as its GPU run does."""
+    import numpy as np
+    from tf_fusionstitch import array_interpreter
+    from tf_fusionstitch import fusion_ir as ir
+    from tf_fusionstitch.gpu import build as gpu_build
+    from tf_fusionstitch.kernels import build_cpu_kernel
+    from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
+    import repo_paths
+
+    path = repo_paths.TESTS / "gpu_clusters" / "efficientnet_b0_adamw_bn_sums.json"
+    cluster = ir.Cluster.from_json(path.read_text())
+    exact = array_interpreter.interpret(
+        ir.Cluster.from_json(path.read_text().replace('"float32"', '"float64"')), np)
+    kernels = {"emulated GPU": CpuKernel(gpu_build.build_emulation(cluster)),
+               "CPU": build_cpu_kernel(cluster).runner()}
+    sum_output = cluster.outputs.index("t75")   # in9 * -(a sum over 1024 rows)
+    elementwise_failures = 0
+    for seed in range(12):
+        inputs = patterns.random_inputs(cluster, 1, np.random.default_rng(seed))
+        refs = [np.asarray(r, np.float64) for r in exact(
+            *[a.astype(np.float64) if a.dtype == np.float32 else a for a in inputs])]
+        results = {name: k.run(inputs, threads=2) for name, k in kernels.items()}
+        ulp = 2.0**-24
+        for name, outputs in results.items():
+            # both 1.5-6 ulp of the largest sum over these seeds
+            sums = refs[sum_output]
+            err, ok = patterns.max_error(outputs[sum_output], sums, 0,
+                                         8 * ulp * np.abs(sums).max())
+            assert ok, (name, seed, err)
+            for got, ref in zip(outputs, refs):
+                scale = np.nanmax(np.abs(ref), initial=0.0)
+                assert patterns.max_error(got, ref, 1e-4, 1e-5 + 1e-4 * scale)[1], (name, seed)
+        elementwise_failures += sum(not patterns.max_error(g, w, 1e-4, 1e-5)[1] for g, w in
+                                    zip(results["emulated GPU"], results["CPU"]))
+    assert elementwise_failures > 0   # the case this test is about
+    spec = tmp_path / "adamw_bn_sums.json"
+    spec.write_text(cluster.to_json())
+    res = subprocess.run([sys.executable, "-m", "tf_fusionstitch.tools.cuda_check",
+                          "--nopatterns", f"--clusters={spec}", "--arch=sm_90", "--seed=7"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr

@@ -5,8 +5,10 @@ JSON files given with --clusters, this generates the CUDA kernel, compiles
 it with NVRTC for each --arch, reads ptxas' registers, shared memory and
 spills (and the occupancy they allow), runs the C++ emulation of the CUDA schedule and prints the largest
 error: against NumPy for the patterns, against the CPU kernel for spec
-files (random inputs; every dynamic dimension takes each --rows value); a
-packed spec (unconnected parts in one CPU launch, codegen/pack.py) part by part.
+files (random inputs; every dynamic dimension takes each --rows value; the
+tolerance relative to each output's largest magnitude, as on the GPU: see
+_compare); a packed spec (unconnected parts in one CPU launch, codegen/pack.py)
+part by part.
 Exits with status 1 when a kernel spills or an error exceeds its tolerance.
 
 With --gpu (V100, A100, H100, H200) each kernel is the plan the latency
@@ -94,9 +96,9 @@ def check(name, cluster, reference, rtol, atol, rows, archs, rng, gpu=None, gpu_
         else:
             inputs = patterns.random_inputs(cluster, n, rng)
             wanted = cpu.run(inputs)
-        for got, want in zip(emulated.run(inputs, threads=2, forward=True), wanted):
-            err, good = patterns.max_error(got, want, rtol, atol)
-            row["error"], row["ok"] = max(row["error"], err), row["ok"] and good
+        got = emulated.run(inputs, threads=2, forward=True)
+        err, good = _compare(got, wanted, rtol, atol, normwise=reference is None)
+        row["error"], row["ok"] = max(row["error"], err), row["ok"] and good
     return row
 
 
@@ -171,7 +173,12 @@ def _compare(got, wanted, rtol, atol, normwise=False) -> tuple:
     column of thousands of rows in float32 (as TF's and XLA's GPU kernels
     do), and where such a sum nearly cancels a later subtraction the
     element's own magnitude is no measure of its error (BERT's bias-gradient
-    clusters at 2048 rows: ours and XLA's both 2.3e-3 off on values of ~100)."""
+    clusters at 2048 rows: ours and XLA's both 2.3e-3 off on values of ~100).
+    Random inputs make it worse: an AdamW update packed with batch-norm
+    gradient sums divides by the root of a random "second moment", which can
+    be nearly 0, and amplifies the sums' rounding; the emulated GPU sums and
+    the CPU kernel's are equally accurate against float64 there, yet differ
+    elementwise by 1e-3 (tests/tools/test_cuda_check_tool.py)."""
     err, ok = 0.0, len(got) == len(wanted)
     for g, w in zip(got, wanted):
         scale = np.nanmax(np.abs(np.where(np.isinf(w), 0, w)), initial=0.0) if normwise else 0.0
