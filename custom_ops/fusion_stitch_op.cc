@@ -22,6 +22,16 @@
 // item count and cost) -> outputs allocated (reusing an input buffer where the
 // kernel allows it and TensorFlow agrees) -> fs_run over [0, work) sharded on
 // TensorFlow's intra-op thread pool. No Python runs per call.
+//
+// On a GPU (compiled with GOOGLE_CUDA, in a CUDA build of TensorFlow) the same
+// call is prepared by the same code (PrepareCall: shapes, checks, outputs) and
+// then launches the cluster's CUDA kernel (docs/KERNEL_ABI.md, "CUDA
+// kernels") on TensorFlow's stream: a cubin registered under the kernel's key
+// (fs_register_cuda_kernel) beside its host part, which is the registered
+// kernel of target "cuda-emulated" (its fs_meta and fs_shape are the CUDA
+// kernel's; its fs_run emulates it on the CPU). The grid and the kernel's
+// arguments come from Launches and KernelArgs, TF- and CUDA-free code that
+// every build compiles (fs_launches exports the first for tests).
 
 #include <dlfcn.h>
 
@@ -40,6 +50,12 @@
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/util/work_sharder.h"
+
+#if GOOGLE_CUDA
+#include <cuda.h>
+
+#include "xla/stream_executor/stream.h"
+#endif  // GOOGLE_CUDA
 
 namespace tensorflow {
 namespace fusion_stitch {
@@ -276,6 +292,72 @@ std::string ShapeString(const int64_t* dims, int rank) {
   return s + "]";
 }
 
+// ---- The GPU launch, in code every build compiles ---------------------------
+
+// A CUDA kernel's launch geometry (gpu/mapping.py's GpuMapping).
+struct GpuGeometry {
+  int block_threads = 0;
+  int rows_per_block = 0;
+  int row_blocks = 1;   // > 1: a split row (one launch per phase)
+  int phases = 1;
+  std::vector<int> workspace_bytes;   // per workspace array: bytes of an element
+};
+
+constexpr int64_t kMaxGridX = (int64_t{1} << 31) - 1;
+
+// One launch over work items [begin, end) with `grid` blocks.
+struct Launch {
+  int64_t begin, end, grid;
+};
+
+// The launches covering work items [0, work): as runtime/cuda_kernel.launches,
+// each at most kMaxGridX blocks, `row_blocks` blocks a row.
+std::vector<Launch> Launches(int64_t work, int64_t rows_per_block, int64_t row_blocks) {
+  std::vector<Launch> out;
+  if (rows_per_block < 1 || row_blocks < 1) return out;
+  const int64_t per_launch = kMaxGridX / row_blocks * rows_per_block;
+  for (int64_t begin = 0; begin < work; begin += per_launch) {
+    const int64_t end = std::min(work, begin + per_launch);
+    out.push_back({begin, end, (end - begin + rows_per_block - 1) / rows_per_block *
+                                   row_blocks});
+  }
+  return out;
+}
+
+// The parameters of fs_kernel (docs/KERNEL_ABI.md) for one launch: begin, end,
+// the buffers, the n_ext extents, and for a split row the phase and the
+// workspace arrays. `pointers()` is cuLaunchKernel's kernelParams: each
+// entry points at the value of one parameter, held here.
+class KernelArgs {
+ public:
+  KernelArgs(const Launch& launch, const std::vector<void*>& buffers,
+             const int64_t* ext, int n_ext, int phase,
+             const std::vector<void*>& workspace)
+      : begin_(launch.begin), end_(launch.end), buffers_(buffers),
+        ext_(ext, ext + n_ext), phase_(phase), workspace_(workspace) {
+    params_.push_back(&begin_);
+    params_.push_back(&end_);
+    for (void*& b : buffers_) params_.push_back(&b);
+    for (int64_t& e : ext_) params_.push_back(&e);
+    if (!workspace_.empty()) {
+      params_.push_back(&phase_);
+      for (void*& w : workspace_) params_.push_back(&w);
+    }
+  }
+  KernelArgs(const KernelArgs&) = delete;
+  KernelArgs& operator=(const KernelArgs&) = delete;
+  void** pointers() { return params_.data(); }
+  size_t count() const { return params_.size(); }
+
+ private:
+  int64_t begin_, end_;
+  std::vector<void*> buffers_;
+  std::vector<int64_t> ext_;
+  int phase_;
+  std::vector<void*> workspace_;
+  std::vector<void*> params_;
+};
+
 }  // namespace fusion_stitch
 
 using shape_inference::InferenceContext;
@@ -385,7 +467,20 @@ class FusionStitchOp : public OpKernel {
     }
   }
 
-  void Compute(OpKernelContext* ctx) override {
+ protected:
+  // One call's run-time extents, work items and buffers (inputs, then outputs).
+  struct Call {
+    std::vector<int64_t> ext;
+    int64_t work[2] = {0, 0};
+    std::vector<void*> bufs;
+  };
+
+  // What every device does before it runs the kernel: the input ranks
+  // checked, fs_shape run, the inputs' values checked (fs_check_inputs, on
+  // the host: a kernel with such a check has no GPU kernel), the outputs
+  // allocated in the device's memory. On failure the context's status says
+  // why.
+  void PrepareCall(OpKernelContext* ctx, Call* call) {
     const fusion_stitch::LoadedKernel& k = *kernel_;
 
     std::vector<int64_t> in_dims;
@@ -403,9 +498,10 @@ class FusionStitchOp : public OpKernel {
     for (int r : k.out_ranks) total_out_rank += r;
     // Never empty, so the kernel always receives valid pointers.
     std::vector<int64_t> out_dims(std::max(1, total_out_rank), 0);
-    std::vector<int64_t> ext(std::max(1, k.n_ext), 0);
+    std::vector<int64_t>& ext = call->ext;
+    ext.assign(std::max(1, k.n_ext), 0);
     if (in_dims.empty()) in_dims.push_back(0);
-    int64_t work[2] = {0, 0};
+    int64_t* work = call->work;
     char err[fusion_stitch::kErrLen] = {0};
     const int rc = k.shape(in_dims.data(), out_dims.data(), ext.data(), work, err,
                            fusion_stitch::kErrLen);
@@ -417,7 +513,8 @@ class FusionStitchOp : public OpKernel {
                 errors::Internal("FusionStitch kernel '", key_, "' returned ",
                                  work[0], " work items"));
 
-    std::vector<void*> bufs(k.n_in + k.n_out, nullptr);
+    std::vector<void*>& bufs = call->bufs;
+    bufs.assign(k.n_in + k.n_out, nullptr);
     for (int i = 0; i < k.n_in; ++i) {
       bufs[i] = const_cast<char*>(ctx->input(i).tensor_data().data());
     }
@@ -450,27 +547,182 @@ class FusionStitchOp : public OpKernel {
                               k.forward_candidates[i], i, shape, &out));
       bufs[k.n_in + i] = const_cast<char*>(out->tensor_data().data());
     }
-
-    if (work[0] == 0) return;
-    const RunFn run = k.run;
-    const int64_t* ext_ptr = ext.data();
-    void* const* buf_ptr = bufs.data();
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    Shard(workers->num_threads, workers->workers, work[0],
-          std::max<int64_t>(1, work[1]),
-          [run, ext_ptr, buf_ptr](int64_t begin, int64_t end) {
-            run(begin, end, ext_ptr, buf_ptr);
-          });
   }
 
- private:
-  using RunFn = fusion_stitch::RunFn;
   std::string key_;
   std::vector<PartialTensorShape> output_shapes_;
   std::shared_ptr<const fusion_stitch::LoadedKernel> kernel_;
 };
 
-REGISTER_KERNEL_BUILDER(Name("FusionStitch").Device(DEVICE_CPU), FusionStitchOp);
+// On the CPU: fs_run over the work items on TensorFlow's intra-op threads.
+class FusionStitchCpuOp : public FusionStitchOp {
+ public:
+  using FusionStitchOp::FusionStitchOp;
+
+  void Compute(OpKernelContext* ctx) override {
+    Call call;
+    PrepareCall(ctx, &call);
+    if (!ctx->status().ok() || call.work[0] == 0) return;
+    const fusion_stitch::RunFn run = kernel_->run;
+    const int64_t* ext_ptr = call.ext.data();
+    void* const* buf_ptr = call.bufs.data();
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers->num_threads, workers->workers, call.work[0],
+          std::max<int64_t>(1, call.work[1]),
+          [run, ext_ptr, buf_ptr](int64_t begin, int64_t end) {
+            run(begin, end, ext_ptr, buf_ptr);
+          });
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("FusionStitch").Device(DEVICE_CPU), FusionStitchCpuOp);
+
+#if GOOGLE_CUDA
+namespace fusion_stitch {
+
+// A registered cubin and its launch geometry. The module is loaded once per
+// CUDA context (a process may drive several GPUs).
+struct CudaKernel {
+  std::string cubin;
+  GpuGeometry geometry;
+  std::mutex mu;
+  std::unordered_map<CUcontext, CUfunction> functions;
+};
+
+std::unordered_map<std::string, std::shared_ptr<CudaKernel>>& CudaRegistry() {
+  static auto* registry = new std::unordered_map<std::string, std::shared_ptr<CudaKernel>>();
+  return *registry;
+}
+
+std::shared_ptr<CudaKernel> LookupCuda(const std::string& key) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  auto it = CudaRegistry().find(key);
+  return it == CudaRegistry().end() ? nullptr : it->second;
+}
+
+std::string CudaError(CUresult rc) {
+  const char* name = nullptr;
+  const char* text = nullptr;
+  cuGetErrorName(rc, &name);
+  cuGetErrorString(rc, &text);
+  return std::string(name ? name : "CUDA error") + ": " + (text ? text : "");
+}
+
+// Makes the CUDA context of `stream` current for its lifetime: the module
+// loads and the launches happen in the context TF's stream belongs to.
+class StreamContext {
+ public:
+  explicit StreamContext(CUstream stream) {
+    rc_ = cuStreamGetCtx(stream, &context_);
+    if (rc_ == CUDA_SUCCESS) rc_ = cuCtxPushCurrent(context_);
+    pushed_ = rc_ == CUDA_SUCCESS;
+  }
+  ~StreamContext() {
+    CUcontext popped = nullptr;
+    if (pushed_) cuCtxPopCurrent(&popped);
+  }
+  StreamContext(const StreamContext&) = delete;
+  StreamContext& operator=(const StreamContext&) = delete;
+  CUresult status() const { return rc_; }
+  CUcontext context() const { return context_; }
+
+ private:
+  CUcontext context_ = nullptr;
+  CUresult rc_ = CUDA_SUCCESS;
+  bool pushed_ = false;
+};
+
+// fs_kernel of `kernel` in `context` (current), loaded on first use.
+absl::Status FunctionInContext(CudaKernel* kernel, CUcontext context,
+                               CUfunction* function) {
+  std::lock_guard<std::mutex> lock(kernel->mu);
+  auto it = kernel->functions.find(context);
+  if (it != kernel->functions.end()) {
+    *function = it->second;
+    return absl::OkStatus();
+  }
+  CUmodule module = nullptr;
+  CUresult rc = cuModuleLoadData(&module, kernel->cubin.data());
+  if (rc == CUDA_SUCCESS) rc = cuModuleGetFunction(function, module, "fs_kernel");
+  if (rc != CUDA_SUCCESS) {
+    return errors::Internal("FusionStitch: cannot load the kernel's cubin (",
+                            CudaError(rc), ")");
+  }
+  kernel->functions.emplace(context, *function);
+  return absl::OkStatus();
+}
+
+}  // namespace fusion_stitch
+
+// On a GPU: the CUDA kernel, launched on TensorFlow's stream for this op,
+// on the buffers TensorFlow allocated; no host copy, no Python.
+class FusionStitchGpuOp : public FusionStitchOp {
+ public:
+  explicit FusionStitchGpuOp(OpKernelConstruction* ctx) : FusionStitchOp(ctx) {
+    if (!ctx->status().ok()) return;
+    cuda_ = fusion_stitch::LookupCuda(key_);
+    OP_REQUIRES(ctx, cuda_ != nullptr,
+                errors::FailedPrecondition(
+                    "FusionStitch node ", name(), " is placed on a GPU but kernel '",
+                    key_, "' has no CUDA kernel registered in this process; "
+                    "tf_fusionstitch.optimize registers one for the GPU target"));
+    OP_REQUIRES(ctx, kernel_->check == nullptr,
+                errors::FailedPrecondition(
+                    "FusionStitch node ", name(), ": kernel '", key_,
+                    "' checks its inputs' values on the host and has no GPU kernel"));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    Call call;
+    PrepareCall(ctx, &call);
+    if (!ctx->status().ok() || call.work[0] == 0) return;
+    const fusion_stitch::GpuGeometry& g = cuda_->geometry;
+    se::Stream* stream = ctx->op_device_context()->stream();
+    OP_REQUIRES(ctx, stream != nullptr,
+                errors::Internal("FusionStitch node ", name(), ": no GPU stream"));
+    CUstream cu_stream =
+        reinterpret_cast<CUstream>(stream->platform_specific_handle().stream);
+    fusion_stitch::StreamContext scoped(cu_stream);
+    OP_REQUIRES(ctx, scoped.status() == CUDA_SUCCESS,
+                errors::Internal("FusionStitch node ", name(), ": the stream's CUDA "
+                                 "context (", fusion_stitch::CudaError(scoped.status()), ")"));
+    CUfunction function = nullptr;
+    OP_REQUIRES_OK(ctx, fusion_stitch::FunctionInContext(cuda_.get(), scoped.context(),
+                                                         &function));
+    // A split row's partials: one element per (work item, slice) each.
+    std::vector<Tensor> workspace_tensors;
+    std::vector<void*> workspace;
+    for (int bytes : g.workspace_bytes) {
+      Tensor t;
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(
+                              DT_INT8, TensorShape({call.work[0] * g.row_blocks * bytes}),
+                              &t));
+      workspace.push_back(const_cast<char*>(t.tensor_data().data()));
+      workspace_tensors.push_back(std::move(t));
+    }
+    const auto launches =
+        fusion_stitch::Launches(call.work[0], g.rows_per_block, g.row_blocks);
+    for (int phase = 0; phase < g.phases; ++phase) {
+      for (const fusion_stitch::Launch& launch : launches) {
+        fusion_stitch::KernelArgs args(launch, call.bufs, call.ext.data(), kernel_->n_ext,
+                                       phase, workspace);
+        const CUresult rc = cuLaunchKernel(
+            function, static_cast<unsigned>(launch.grid), 1, 1,
+            static_cast<unsigned>(g.block_threads), 1, 1, 0, cu_stream, args.pointers(),
+            nullptr);
+        OP_REQUIRES(ctx, rc == CUDA_SUCCESS,
+                    errors::Internal("FusionStitch node ", name(), ": launch failed (",
+                                     fusion_stitch::CudaError(rc), ")"));
+      }
+    }
+  }
+
+ private:
+  std::shared_ptr<fusion_stitch::CudaKernel> cuda_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("FusionStitch").Device(DEVICE_GPU), FusionStitchGpuOp);
+#endif  // GOOGLE_CUDA
 
 }  // namespace tensorflow
 
@@ -500,5 +752,54 @@ __attribute__((visibility("default"))) void fs_set_resolver(
 __attribute__((visibility("default"))) const char* fs_last_error() {
   return tensorflow::fusion_stitch::last_error.c_str();
 }
+
+// The GPU launches over `work` items (begin, end, grid per launch, written to
+// `out` as triples, at most `max_launches`); returns their number. Every build
+// exports it: the launch geometry is checked where no GPU is.
+__attribute__((visibility("default"))) int64_t fs_launches(int64_t work,
+                                                          int64_t rows_per_block,
+                                                          int64_t row_blocks,
+                                                          int64_t* out,
+                                                          int64_t max_launches) {
+  const auto launches =
+      tensorflow::fusion_stitch::Launches(work, rows_per_block, row_blocks);
+  const int64_t n = static_cast<int64_t>(launches.size());
+  for (int64_t i = 0; i < std::min(n, max_launches); ++i) {
+    out[3 * i] = launches[i].begin;
+    out[3 * i + 1] = launches[i].end;
+    out[3 * i + 2] = launches[i].grid;
+  }
+  return n;
+}
+
+#if GOOGLE_CUDA
+// Registers the CUDA kernel (a cubin for this GPU's architecture) of the
+// kernel registered under `key` with target "cuda-emulated", whose fs_meta and
+// fs_shape are its host side. `workspace_bytes`: n_workspace element sizes.
+__attribute__((visibility("default"))) int fs_register_cuda_kernel(
+    const char* key, const char* cubin, int64_t cubin_len, int block_threads,
+    int rows_per_block, int row_blocks, int phases, int n_workspace,
+    const int* workspace_bytes) {
+  namespace fs = tensorflow::fusion_stitch;
+  if (key == nullptr || cubin == nullptr || cubin_len <= 0 || block_threads <= 0 ||
+      rows_per_block <= 0 || row_blocks <= 0 || phases <= 0 || n_workspace < 0) {
+    return fs::Fail("fs_register_cuda_kernel: invalid arguments");
+  }
+  if (fs::Lookup(key) == nullptr) {
+    return fs::Fail(std::string("fs_register_cuda_kernel: register kernel '") + key +
+                    "' (its host part) first");
+  }
+  auto kernel = std::make_shared<fs::CudaKernel>();
+  kernel->cubin.assign(cubin, cubin_len);
+  kernel->geometry.block_threads = block_threads;
+  kernel->geometry.rows_per_block = rows_per_block;
+  kernel->geometry.row_blocks = row_blocks;
+  kernel->geometry.phases = phases;
+  kernel->geometry.workspace_bytes.assign(workspace_bytes, workspace_bytes + n_workspace);
+  std::lock_guard<std::mutex> lock(fs::registry_mu);
+  fs::CudaRegistry().emplace(key, std::move(kernel));
+  return 0;
+}
+#endif  // GOOGLE_CUDA
 
 }  // extern "C"
