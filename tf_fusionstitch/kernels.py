@@ -27,9 +27,15 @@ from tf_fusionstitch.runtime import cache, kernel_library
 GENERATOR_VERSION = "cpu-14"
 
 CPU, CUDA_EMULATED = "cpu", "cuda-emulated"
-# target -> its generator: cluster -> GeneratedKernel (CPU ABI source).
-GENERATORS = {CPU: generate_cpp, CUDA_EMULATED: generate_gpu_emulation}
-TARGETS = tuple(GENERATORS)
+TARGETS = (CPU, CUDA_EMULATED)
+
+
+def generator(target: str):
+    """The target's generator: cluster -> GeneratedKernel (CPU ABI source).
+    Looked up per call, so a test may replace a generator of this module."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown kernel target {target!r}; the targets are {TARGETS}")
+    return generate_cpp if target == CPU else generate_gpu_emulation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +74,7 @@ def build_cpu_kernels(clusters: Sequence[ir.Cluster], timeout: float = 120,
     several to a compiler run (runtime/kernel_library.py): a CompiledKernel,
     or the exception that stopped that cluster alone (SpecError and
     UnsupportedCluster from the generator, CompileError from the compiler)."""
-    generate = GENERATORS[target]
+    generate = generator(target)
     generated: List[object] = []
     for cluster in clusters:
         try:
@@ -96,8 +102,7 @@ def build_cpu_kernels(clusters: Sequence[ir.Cluster], timeout: float = 120,
 def kernel_key(spec: str, target: str = CPU) -> str:
     """A kernel's key in the op registry: the hash of its spec, the generator
     and the target (the CPU target's key names no target, as before targets)."""
-    if target not in GENERATORS:
-        raise ValueError(f"unknown kernel target {target!r}; the targets are {TARGETS}")
+    generator(target)   # known, or ValueError
     parts = (GENERATOR_VERSION,) if target == CPU else (GENERATOR_VERSION, target)
     return cache.content_key(*parts, spec)[:32]
 
