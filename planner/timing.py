@@ -25,6 +25,19 @@ def median_seconds(fn, *args, repeats=15, warmup=3):
     return statistics.median(times)
 
 
+def two_sizes(seconds, small, large, what, attempts=3):
+    """(seconds(small), seconds(large)), measured again (up to `attempts` times) while
+    the large one does not measure slower: on a shared machine a busy moment can
+    swap them. ValueError naming `what` when no attempt separates them."""
+    for _ in range(attempts):
+        t_small, t_large = seconds(small), seconds(large)
+        if t_large > t_small:
+            return t_small, t_large
+    raise ValueError(f"{what} of {large} floats measured no slower than one of {small} "
+                     f"({t_large:.2e} s, {t_small:.2e} s) in {attempts} attempts: too "
+                     "noisy to fit")
+
+
 def send_figures(first, second, small=1, large=1 << 20, hops=20, repeats=30):
     """(bandwidth, latency) of handing a float32 tensor from device `first` to `second` in
     a placed graph (a pipeline's send): a chain of ops alternating between the two devices,
@@ -46,8 +59,5 @@ def send_figures(first, second, small=1, large=1 << 20, hops=20, repeats=30):
         return (median_seconds(chain(second), x, repeats=repeats)
                 - median_seconds(chain(first), x, repeats=repeats)) / (2 * hops)
 
-    t_small, t_large = per_send(small), per_send(large)
-    if t_large <= t_small:
-        raise ValueError(f"a send of {large} floats measured no slower than one of {small} "
-                         f"({t_large:.2e} s, {t_small:.2e} s): too noisy to fit")
+    t_small, t_large = two_sizes(per_send, small, large, "a send")
     return 4 * (large - small) / (t_large - t_small), max(t_small, 0.0)

@@ -40,3 +40,11 @@ def test_measured_spec_is_plausible_and_cached(monkeypatch):
 def test_fewer_than_two_devices_are_refused():
     with pytest.raises(ValueError, match="at least 2 devices"):
         cpu_calibration.measure(1)
+
+
+def test_a_measurement_that_a_busy_moment_swapped_is_taken_again():
+    from tf_fusionstitch.planner import timing
+    times = iter([1.0, 0.5, 1.0, 2.0])   # first attempt: the large one "faster"
+    assert timing.two_sizes(lambda n: next(times), 1, 1 << 20, "an all-reduce") == (1.0, 2.0)
+    with pytest.raises(ValueError, match="an all-reduce of 1048576 floats .* in 2 attempts"):
+        timing.two_sizes(lambda n: 1e-3, 1, 1 << 20, "an all-reduce", attempts=2)
