@@ -7,7 +7,6 @@ a graph's emulated kernels are rebuilt as emulated kernels from their specs
 (a SavedModel, a cached rewrite). tests/models/test_zoo.py runs zoo models
 this way."""
 
-import numpy as np
 import tensorflow as tf
 
 import tf_fusionstitch as fs

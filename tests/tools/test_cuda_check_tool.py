@@ -109,25 +109,23 @@ def test_an_ill_conditioned_update_is_judged_relative_to_its_outputs(tmp_path):
     beyond the tolerance. The check judges spec files relative to each
     output's largest magnitude, as its GPU run does."""
     import numpy as np
-    from tf_fusionstitch import array_interpreter
     from tf_fusionstitch import fusion_ir as ir
     from tf_fusionstitch.gpu import build as gpu_build
     from tf_fusionstitch.kernels import build_cpu_kernel
     from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
+    from tf_fusionstitch.tools import cuda_check
     import repo_paths
 
     path = repo_paths.TESTS / "gpu_clusters" / "efficientnet_b0_adamw_bn_sums.json"
     cluster = ir.Cluster.from_json(path.read_text())
-    exact = array_interpreter.interpret(
-        ir.Cluster.from_json(path.read_text().replace('"float32"', '"float64"')), np)
+    exact = cuda_check.float64_interpreter(cluster)
     kernels = {"emulated GPU": CpuKernel(gpu_build.build_emulation(cluster)),
                "CPU": build_cpu_kernel(cluster).runner()}
     sum_output = cluster.outputs.index("t75")   # in9 * -(a sum over 1024 rows)
     elementwise_failures = 0
     for seed in range(12):
         inputs = patterns.random_inputs(cluster, 1, np.random.default_rng(seed))
-        refs = [np.asarray(r, np.float64) for r in exact(
-            *[a.astype(np.float64) if a.dtype == np.float32 else a for a in inputs])]
+        refs = [np.asarray(r, np.float64) for r in exact(*cuda_check._widened_inputs(inputs))]
         results = {name: k.run(inputs, threads=2) for name, k in kernels.items()}
         ulp = 2.0**-24
         for name, outputs in results.items():
@@ -169,8 +167,7 @@ def test_kernels_equally_far_from_float64_in_opposite_directions_pass(tmp_path):
     inputs = patterns.random_inputs(cluster, 1, np.random.default_rng(1062))
     got = CpuKernel(gpu_build.build_emulation(cluster)).run(inputs, threads=2)
     cpu = build_cpu_kernel(cluster).runner().run(inputs)
-    exact = cuda_check.float64_interpreter(cluster)(
-        *[a.astype(np.float64) if a.dtype == np.float32 else a for a in inputs])
+    exact = cuda_check.float64_interpreter(cluster)(*cuda_check._widened_inputs(inputs))
     assert not cuda_check._compare(got, cpu, 1e-4, 1e-5, normwise=True)[1]
     assert cuda_check.as_close_as_cpu(got, cpu, exact, 1e-4, 1e-5)
     # 1e-3 off is caught against float64 too
