@@ -113,19 +113,19 @@ def test_an_ill_conditioned_update_is_judged_relative_to_its_outputs(tmp_path):
     from tf_fusionstitch.gpu import build as gpu_build
     from tf_fusionstitch.kernels import build_cpu_kernel
     from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
-    from tf_fusionstitch.tools import cuda_check
+    from tf_fusionstitch.tools import output_checks
     import repo_paths
 
     path = repo_paths.TESTS / "gpu_clusters" / "efficientnet_b0_adamw_bn_sums.json"
     cluster = ir.Cluster.from_json(path.read_text())
-    exact = cuda_check.float64_interpreter(cluster)
+    exact = output_checks.float64_interpreter(cluster)
     kernels = {"emulated GPU": CpuKernel(gpu_build.build_emulation(cluster)),
                "CPU": build_cpu_kernel(cluster).runner()}
     sum_output = cluster.outputs.index("t75")   # in9 * -(a sum over 1024 rows)
     elementwise_failures = 0
     for seed in range(12):
         inputs = patterns.random_inputs(cluster, 1, np.random.default_rng(seed))
-        refs = [np.asarray(r, np.float64) for r in exact(*cuda_check._widened_inputs(inputs))]
+        refs = [np.asarray(r, np.float64) for r in exact(*output_checks.widened_inputs(inputs))]
         results = {name: k.run(inputs, threads=2) for name, k in kernels.items()}
         ulp = 2.0**-24
         for name, outputs in results.items():
@@ -159,7 +159,7 @@ def test_kernels_equally_far_from_float64_in_opposite_directions_pass(tmp_path):
     from tf_fusionstitch.gpu import build as gpu_build
     from tf_fusionstitch.kernels import build_cpu_kernel
     from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
-    from tf_fusionstitch.tools import cuda_check
+    from tf_fusionstitch.tools import output_checks
     import repo_paths
 
     path = repo_paths.TESTS / "gpu_clusters" / "efficientnet_b0_adamw_bn_sums_24.json"
@@ -167,11 +167,11 @@ def test_kernels_equally_far_from_float64_in_opposite_directions_pass(tmp_path):
     inputs = patterns.random_inputs(cluster, 1, np.random.default_rng(1062))
     got = CpuKernel(gpu_build.build_emulation(cluster)).run(inputs, threads=2)
     cpu = build_cpu_kernel(cluster).runner().run(inputs)
-    exact = cuda_check.float64_interpreter(cluster)(*cuda_check._widened_inputs(inputs))
-    assert not cuda_check._compare(got, cpu, 1e-4, 1e-5, normwise=True)[1]
-    assert cuda_check.as_close_as_cpu(got, cpu, exact, 1e-4, 1e-5)
+    exact = output_checks.float64_interpreter(cluster)(*output_checks.widened_inputs(inputs))
+    assert not output_checks.compare_outputs(got, cpu, 1e-4, 1e-5, normwise=True)[1]
+    assert output_checks.as_close_as_cpu(got, cpu, exact, 1e-4, 1e-5)
     # 1e-3 off is caught against float64 too
-    assert not cuda_check.as_close_as_cpu([g * 1.001 for g in got], cpu, exact, 1e-4, 1e-5)
+    assert not output_checks.as_close_as_cpu([g * 1.001 for g in got], cpu, exact, 1e-4, 1e-5)
     res = subprocess.run([sys.executable, "-m", "tf_fusionstitch.tools.cuda_check",
                           "--nopatterns", f"--clusters={path}", "--arch=sm_90",
                           "--seed=1062", "--rows=1"],

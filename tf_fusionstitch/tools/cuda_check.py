@@ -7,9 +7,9 @@ spills (and the occupancy they allow), runs the C++ emulation of the CUDA schedu
 error: against NumPy for the patterns, against the CPU kernel for spec
 files (random inputs; every dynamic dimension takes each --rows value; the
 tolerance relative to each output's largest magnitude, as on the GPU: see
-_compare; where that fails, the emulation passes if it is at most twice as
+output_checks.compare_outputs; where that fails, the emulation passes if it is at most twice as
 far from a float64 interpretation of the spec as the CPU kernel is:
-as_close_as_cpu); a packed spec (unconnected parts in one CPU launch,
+output_checks.as_close_as_cpu); a packed spec (unconnected parts in one CPU launch,
 codegen/pack.py) part by part.
 Exits with status 1 when a kernel spills or an error exceeds its tolerance.
 
@@ -33,7 +33,6 @@ are timed alike by the host clock over back-to-back calls. The GPU columns
 count towards the last line's failures. Only numpy and CuPy are needed.
 """
 
-import dataclasses
 import math
 import os
 import pathlib
@@ -54,6 +53,8 @@ from tf_fusionstitch.runtime import nvrtc
 from tf_fusionstitch.runtime.cpu_kernel import CpuKernel, as_dtype
 from tf_fusionstitch.runtime.cuda_timing import BoundKernel, Device, input_sets, wall_per_call
 from tf_fusionstitch.schedule import UnsupportedCluster, build_schedule
+from tf_fusionstitch.tools.output_checks import (as_close_as_cpu, compare_outputs,
+                                                 float64_interpreter, widened_inputs)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("arch", ["sm_80", "sm_90"], "Architectures to compile for.")
@@ -101,54 +102,11 @@ def check(name, cluster, reference, rtol, atol, rows, archs, rng, gpu=None, gpu_
             inputs = patterns.random_inputs(cluster, n, rng)
             wanted = cpu.run(inputs)
         got = emulated.run(inputs, threads=2, forward=True)
-        err, good = _compare(got, wanted, rtol, atol, normwise=reference is None)
+        err, good = compare_outputs(got, wanted, rtol, atol, normwise=reference is None)
         if not good and exact is not None:
-            good = as_close_as_cpu(got, wanted, exact(*_widened_inputs(inputs)), rtol, atol)
+            good = as_close_as_cpu(got, wanted, exact(*widened_inputs(inputs)), rtol, atol)
         row["error"], row["ok"] = max(row["error"], err), row["ok"] and good
     return row
-
-
-def float64_interpreter(cluster: ir.Cluster):
-    """The spec interpreted in float64 on NumPy (array_interpreter; float32
-    values and casts widened), or None where it computes in 16-bit floats,
-    whose rounding the reference must keep."""
-    types = [t for _, t in cluster.inputs] + [op.type for op in cluster.ops]
-    if any(t.dtype in ("float16", "bfloat16") for t in types):
-        return None
-
-    def wide(t):
-        return dataclasses.replace(t, dtype="float64") if t.dtype == "float32" else t
-    ops = tuple(dataclasses.replace(
-        op, type=wide(op.type),
-        attrs=tuple((k, "float64" if v == "float32" else v) for k, v in op.attrs))
-        for op in cluster.ops)
-    return array_interpreter.interpret(dataclasses.replace(
-        cluster, inputs=tuple((n, wide(t)) for n, t in cluster.inputs), ops=ops), np)
-
-
-def _widened_inputs(inputs) -> list:
-    return [a.astype(np.float64) if a.dtype == np.float32 else a for a in inputs]
-
-
-def as_close_as_cpu(got, cpu, exact, rtol, atol, factor=2.0) -> bool:
-    """Each output of the emulated kernel at most `factor` times as far from
-    the float64 result (largest distance over the output) as the CPU kernel's,
-    plus the tolerance relative to the output's largest magnitude. Where the
-    random inputs make an output ill-conditioned, both kernels are far from
-    it, in different directions, and further from each other than either is
-    from the truth (tests/tools/test_cuda_check_tool.py)."""
-    for g, c, e in zip(got, cpu, exact):
-        g, c, e = (np.asarray(a, np.float64) for a in (g, c, e))
-        nan = np.isnan(e)
-        if g.shape != e.shape or not np.array_equal(np.isnan(g), nan):
-            return False
-        scale = np.max(np.abs(np.where(np.isinf(e), 0, e))[~nan], initial=0.0)
-        with np.errstate(invalid="ignore"):   # equal infinities differ by nothing
-            far = lambda a: np.max(np.where(a == e, 0.0, np.abs(a - e))[~nan],  # noqa: E731
-                                   initial=0.0)
-            if far(g) > atol + rtol * scale + factor * far(c):
-                return False
-    return True
 
 
 def run_on_gpu(row, cluster, reference, rtol, atol, device, jax, rng) -> None:
@@ -174,14 +132,14 @@ def run_on_gpu(row, cluster, reference, rtol, atol, device, jax, rng) -> None:
                       for _ in range(input_sets(moved, device.l2_bytes) - 1)]
     ms, _, _ = device.event_times(sets, FLAGS.run_timed, 5)
     got = [_host(o, d) for o, d in zip(bound.outputs, _out_dtypes(cluster))]
-    err, ok = _compare(got, wanted, rtol, atol, normwise=reference is None)
+    err, ok = compare_outputs(got, wanted, rtol, atol, normwise=reference is None)
     row.update(gpu_us=ms * 1e3, gpu_gbps=moved / (ms * 1e-3) / 1e9, gpu_error=err, gpu_ok=ok)
     row["ok"] = row["ok"] and ok
     if jax is None:
         return
     fn = jax.jit(array_interpreter.interpret(cluster, jax.numpy))
     jax_sets = [[jax.device_put(a) for a in inputs] for _ in range(len(sets))]
-    jax_err, jax_ok = _compare([np.asarray(o) for o in fn(*jax_sets[0])], wanted, rtol, atol,
+    jax_err, jax_ok = compare_outputs([np.asarray(o) for o in fn(*jax_sets[0])], wanted, rtol, atol,
                                normwise=reference is None)
     calls, batches = 50, 9
     ours = wall_per_call(lambda i: sets[i % len(sets)](),
@@ -213,27 +171,6 @@ def _host(array, dtype: str) -> np.ndarray:
     """A device output as NumPy; bfloat16 comes back as its uint16 bits."""
     out = array.get()
     return out.view(as_dtype("bfloat16")) if dtype == "bfloat16" else out
-
-
-def _compare(got, wanted, rtol, atol, normwise=False) -> tuple:
-    """(largest error, all within tolerance). `normwise`: rtol relative to
-    the output's largest magnitude rather than each element's. A spec file's
-    reference is the CPU kernel, which sums in double; the GPU sums a
-    column of thousands of rows in float32 (as TF's and XLA's GPU kernels
-    do), and where such a sum nearly cancels a later subtraction the
-    element's own magnitude is no measure of its error (BERT's bias-gradient
-    clusters at 2048 rows: ours and XLA's both 2.3e-3 off on values of ~100).
-    Random inputs make it worse: an AdamW update packed with batch-norm
-    gradient sums divides by the root of a random "second moment", which can
-    be nearly 0, and amplifies the sums' rounding; the emulated GPU sums and
-    the CPU kernel's are equally accurate against float64 there, yet differ
-    elementwise by 1e-3 (tests/tools/test_cuda_check_tool.py)."""
-    err, ok = 0.0, len(got) == len(wanted)
-    for g, w in zip(got, wanted):
-        scale = np.nanmax(np.abs(np.where(np.isinf(w), 0, w)), initial=0.0) if normwise else 0.0
-        e, good = patterns.max_error(g, w, rtol, atol + rtol * scale)
-        err, ok = max(err, e), ok and good
-    return err, ok
 
 
 def gpu_session(mode: str) -> tuple:

@@ -1,0 +1,73 @@
+"""How cuda_check judges an emulated GPU kernel's outputs against a reference
+(TF-free, and without the tool's flags, so tests can import it)."""
+
+import dataclasses
+
+import numpy as np
+
+from tf_fusionstitch import array_interpreter, patterns
+from tf_fusionstitch import fusion_ir as ir
+
+
+def compare_outputs(got, wanted, rtol, atol, normwise=False) -> tuple:
+    """(largest error, all within tolerance). `normwise`: rtol relative to
+    the output's largest magnitude rather than each element's. A spec file's
+    reference is the CPU kernel, which sums in double; the GPU sums a
+    column of thousands of rows in float32 (as TF's and XLA's GPU kernels
+    do), and where such a sum nearly cancels a later subtraction the
+    element's own magnitude is no measure of its error (BERT's bias-gradient
+    clusters at 2048 rows: ours and XLA's both 2.3e-3 off on values of ~100).
+    Random inputs make it worse: an AdamW update packed with batch-norm
+    gradient sums divides by the root of a random "second moment", which can
+    be nearly 0, and amplifies the sums' rounding; the emulated GPU sums and
+    the CPU kernel's are equally accurate against float64 there, yet differ
+    elementwise by 1e-3 (tests/tools/test_cuda_check_tool.py)."""
+    err, ok = 0.0, len(got) == len(wanted)
+    for g, w in zip(got, wanted):
+        scale = np.nanmax(np.abs(np.where(np.isinf(w), 0, w)), initial=0.0) if normwise else 0.0
+        e, good = patterns.max_error(g, w, rtol, atol + rtol * scale)
+        err, ok = max(err, e), ok and good
+    return err, ok
+
+
+def float64_interpreter(cluster: ir.Cluster):
+    """The spec interpreted in float64 on NumPy (array_interpreter; float32
+    values and casts widened), or None where it computes in 16-bit floats,
+    whose rounding the reference must keep."""
+    types = [t for _, t in cluster.inputs] + [op.type for op in cluster.ops]
+    if any(t.dtype in ("float16", "bfloat16") for t in types):
+        return None
+
+    def wide(t):
+        return dataclasses.replace(t, dtype="float64") if t.dtype == "float32" else t
+    ops = tuple(dataclasses.replace(
+        op, type=wide(op.type),
+        attrs=tuple((k, "float64" if v == "float32" else v) for k, v in op.attrs))
+        for op in cluster.ops)
+    return array_interpreter.interpret(dataclasses.replace(
+        cluster, inputs=tuple((n, wide(t)) for n, t in cluster.inputs), ops=ops), np)
+
+
+def widened_inputs(inputs) -> list:
+    return [a.astype(np.float64) if a.dtype == np.float32 else a for a in inputs]
+
+
+def as_close_as_cpu(got, cpu, exact, rtol, atol, factor=2.0) -> bool:
+    """Each output of the emulated kernel at most `factor` times as far from
+    the float64 result (largest distance over the output) as the CPU kernel's,
+    plus the tolerance relative to the output's largest magnitude. Where the
+    random inputs make an output ill-conditioned, both kernels are far from
+    it, in different directions, and further from each other than either is
+    from the truth (tests/tools/test_cuda_check_tool.py)."""
+    for g, c, e in zip(got, cpu, exact):
+        g, c, e = (np.asarray(a, np.float64) for a in (g, c, e))
+        nan = np.isnan(e)
+        if g.shape != e.shape or not np.array_equal(np.isnan(g), nan):
+            return False
+        scale = np.max(np.abs(np.where(np.isinf(e), 0, e))[~nan], initial=0.0)
+        with np.errstate(invalid="ignore"):   # equal infinities differ by nothing
+            far = lambda a: np.max(np.where(a == e, 0.0, np.abs(a - e))[~nan],  # noqa: E731
+                                   initial=0.0)
+            if far(g) > atol + rtol * scale + factor * far(c):
+                return False
+    return True
