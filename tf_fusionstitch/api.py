@@ -30,7 +30,8 @@ tensorflow_requirement.check()
 
 import tensorflow as tf
 
-from tf_fusionstitch import background, measured_choice, tensorboard_graph, trace_rewrite
+from tf_fusionstitch import background, call_config, measured_choice, tensorboard_graph, \
+    trace_rewrite
 from tf_fusionstitch.call_arguments import CallArguments, symbolic
 from tf_fusionstitch.options import FusionOptions
 from tf_fusionstitch.report import Report
@@ -93,10 +94,11 @@ class OptimizedFunction(tf.__internal__.tracking.Trackable):
         (measured_choice.py) is timing the two or has kept the original."""
         choice = getattr(version, "choice", None)
         if choice is None or symbolic(args, kwargs):   # inside another function: untimed
-            return version.fn(*args, **kwargs)
+            return self._call_rewritten(version, args, kwargs)
         decided = choice.choice is not None
         contender = choice.next_contender()
-        fn = version.fn if contender == measured_choice.FUSED else self._original
+        fn = self._original if contender != measured_choice.FUSED else (
+            lambda *a, **k: self._call_rewritten(version, a, k))
         if decided:
             return fn(*args, **kwargs)
         start = choice.clock()
@@ -105,6 +107,11 @@ class OptimizedFunction(tf.__internal__.tracking.Trackable):
         if choice.choice is not None and version.report is not None:
             version.report.choice = choice.summary()
         return result
+
+    @staticmethod
+    def _call_rewritten(version: Version, args, kwargs):
+        with call_config.rewritten_calls():   # TF's meta-optimizer: one round
+            return version.fn(*args, **kwargs)
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         if getattr(save_type, "value", save_type) != "savedmodel":
