@@ -16,7 +16,9 @@ of the model, built from one seed. Every round calls each plan once, in a new ra
 (rounds.py); per plan the script prints the median step time and process CPU time, and the
 median over rounds of the first plan's time over this plan's (above 1x: this plan is
 faster), with its middle half and its 95% interval (median_interval.py; from six rounds).
-The rewrite cache is off, so each plan is rewritten by the code checked out.
+The rewrite cache is off, so each plan is rewritten by the code checked out. A plan
+with a measured choice (explore's measured_plans, measured_choice) is called until it has
+decided, and the decision is printed, before the rounds.
 """
 
 import ast
@@ -40,6 +42,7 @@ from benchmarks import models as reference_models  # noqa: E402
 from benchmarks import zoo  # noqa: E402
 
 import tf_fusionstitch as fs  # noqa: E402
+from tf_fusionstitch.options import FusionOptions  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("model", "bert", list(reference_models.MODELS) +
@@ -110,6 +113,16 @@ def main(argv):
         if report.exploration:   # explore's search and its plan guard's choice
             print(f"  {report.exploration}", flush=True)
         opt(*args)
+        # A measured choice's first calls alternate its contenders: decided before timing.
+        resolved = FusionOptions.from_call(**{**options, "fusion": fusion})
+        timed = max(resolved.measured_choice,
+                    resolved.measured_plans if fusion == "explore" else 0)
+        for _ in range(3 * (timed + 1)):
+            if opt.report().choice:
+                break
+            opt(*args)
+        if opt.report().choice:
+            print(f"  {opt.report().choice}", flush=True)
         calls[label] = opt
     wall, cpu = rounds.time_rounds(calls, args, FLAGS.rounds, FLAGS.warmup, FLAGS.seed)
     base = FLAGS.plans[0]

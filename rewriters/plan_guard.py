@@ -16,7 +16,9 @@ never changes the plan on a guess. Against XLA's rules it measured from 4%
 slower (EfficientNetB0's train step, in median) to 4% faster on the
 reference and zoo train steps (benchmarks/RESULTS.md, "Explore's plan guard
 against both rule plans"): a difference the model, whose error is 12-27%,
-cannot see either way.
+cannot see either way. The first calls then can: optimize times the kept
+plan against XLA's rule plan there (options.measured_plans,
+tf_fusionstitch/measured_choice.py).
 """
 
 from __future__ import annotations

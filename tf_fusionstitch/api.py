@@ -13,6 +13,7 @@ each call runs one TensorFlow function.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import inspect
@@ -30,8 +31,8 @@ tensorflow_requirement.check()
 
 import tensorflow as tf
 
-from tf_fusionstitch import background, call_config, measured_choice, tensorboard_graph, \
-    trace_rewrite
+from tf_fusionstitch import background, call_config, graph_check, measured_choice, \
+    tensorboard_graph, trace_rewrite
 from tf_fusionstitch.call_arguments import CallArguments, symbolic
 from tf_fusionstitch.options import FusionOptions
 from tf_fusionstitch.report import Report
@@ -69,6 +70,11 @@ class OptimizedFunction(tf.__internal__.tracking.Trackable):
             self._python_fn, None if self._python_fn is None else fn.input_signature)
         self._traced_leaves: Optional[int] = None   # how many leaves a trace flattened
         self._background = background.BackgroundRewrite() if options.background else None
+        # fusion="explore": XLA's rule plan of the same function, a contender
+        # of each version's first calls (options.measured_plans).
+        self._rules = OptimizedFunction(fn, dataclasses.replace(
+            options, fusion="xla_like", measured_choice=0, measured_plans=0,
+            background=False)) if options.fusion == "explore" and options.measured_plans else None
 
     def __call__(self, *args, **kwargs):
         if self._background is not None:
@@ -90,14 +96,16 @@ class OptimizedFunction(tf.__internal__.tracking.Trackable):
         return result
 
     def _run(self, version: Version, args, kwargs):
-        """One call of `version`, or of the original while a measured choice
-        (measured_choice.py) is timing the two or has kept the original."""
+        """One call of `version`, or of another contender (the original, XLA's
+        rule plan) while a measured choice (measured_choice.py) is timing
+        them or has kept that one."""
         choice = getattr(version, "choice", None)
         if choice is None or symbolic(args, kwargs):   # inside another function: untimed
             return self._call_rewritten(version, args, kwargs)
         decided = choice.choice is not None
         contender = choice.next_contender()
-        fn = self._original if contender != measured_choice.FUSED else (
+        fn = {measured_choice.ORIGINAL: self._original,
+              measured_choice.XLA_RULES: self._rules}.get(contender) or (
             lambda *a, **k: self._call_rewritten(version, a, k))
         if decided:
             return fn(*args, **kwargs)
@@ -135,6 +143,8 @@ class OptimizedFunction(tf.__internal__.tracking.Trackable):
         without running it, and returns the report of its latest trace (whose
         `failure` says why, when that trace could not be rewritten and runs
         the original)."""
+        if self._rules is not None:   # a contender of the first calls: ready too
+            self._rules.prepare(*args, **kwargs)
         if not self._options.specialize:
             version = self._versions.generic
             version.fn.get_concrete_function(*args, **kwargs)
@@ -192,8 +202,15 @@ class OptimizedFunction(tf.__internal__.tracking.Trackable):
     # -- tracing -----------------------------------------------------------
     def _make_function(self, version: Version):
         """The tf.function whose traces rewrite under `version`'s assumptions."""
-        calls = self._options.measured_choice
-        version.choice = measured_choice.MeasuredChoice(calls) if calls else None
+        contenders = [measured_choice.FUSED]
+        if self._rules is not None:
+            contenders.append(measured_choice.XLA_RULES)
+        if self._options.measured_choice:
+            contenders.append(measured_choice.ORIGINAL)
+        calls = max(self._options.measured_choice,
+                    self._options.measured_plans if self._rules is not None else 0)
+        version.choice = measured_choice.MeasuredChoice(calls, contenders=contenders) \
+            if len(contenders) > 1 else None
         if self._python_fn is None:
             def trace_concrete(*flat_args):
                 return self._run_rewritten(version, self._original, list(flat_args))
@@ -245,6 +262,10 @@ class OptimizedFunction(tf.__internal__.tracking.Trackable):
                                   "please report this as a tf_fusionstitch bug")
         self._record(version, report, rewritten, inputs.leaf_pairs(report.assumed_equal),
                      inputs.leaf_pairs(report.equal_sizes_wanted))
+        if getattr(version, "choice", None) is not None:
+            why = measured_choice.untimeable(graph_check.op_types(rewritten))
+            if why:
+                version.choice, report.choice = None, why
         return outputs
 
     def _record(self, version: Version, report: Report, rewritten, assumed, wanted) -> None:
@@ -281,7 +302,9 @@ def optimize(fn, **options) -> OptimizedFunction:
     the plan's costs measured on this machine once, then cached; or
     "builtin"; rewriters/cpu_costs.py) and explore_guard (bool, default True:
     keep a rule plan, stitch's or XLA's, where the plan model cannot tell the
-    explored plan is faster, rewriters/plan_guard.py); pack (bool, default True; fusion="stitch"
+    explored plan is faster, rewriters/plan_guard.py) and measured_plans (int,
+    default 5: the first calls time the explored plan against XLA's rule plan,
+    N calls each, and keep the faster; 0: off); pack (bool, default True; fusion="stitch"
     or "explore"): kernels that no path connects share one launch;
     rewrite_cache (bool, default True): reuse the rewrite of an identical
     traced graph (same options, TensorFlow and tf_fusionstitch code) from the

@@ -33,6 +33,14 @@ def _known_function(name: str, library: Set[str]) -> bool:
     return name in library or context.context().has_function(name)
 
 
+def op_types(graph_def) -> Set[str]:
+    """The op types of the graph's nodes and of its library's functions."""
+    types = {node.op for node in graph_def.node}
+    for f in graph_def.library.function:
+        types.update(node.op for node in f.node_def)
+    return types
+
+
 def check_runnable(graph_def, outputs: Iterable[str] = ()) -> None:
     """Raises NotRunnable naming the first node (and function) whose op type
     is neither a registered op nor a function of the library or the runtime,

@@ -25,6 +25,8 @@ steps, with a warning, until the model is compiled without them.
 
 from __future__ import annotations
 
+import dataclasses
+
 import warnings
 from typing import Dict, List
 
@@ -40,7 +42,7 @@ STEPS = {
     "predict": ("predict_step", "make_predict_function", "predict_function"),
 }
 # fs.optimize's options that act on calls made outside any tf.function.
-UNTIMED_OPTIONS = ("background", "measured_choice")
+UNTIMED_OPTIONS = ("background", "measured_choice", "measured_plans")
 # Where a model keeps its fusion state (an attribute Keras neither tracks nor saves).
 _STATE = "_tf_fusionstitch_keras"
 
@@ -126,9 +128,10 @@ def compile_refusal(model) -> str:
 def optimize(model, **options):
     """Makes `model`'s fit, evaluate, predict, train_on_batch, test_on_batch
     and predict_on_batch run steps fused by `tf_fusionstitch.optimize`, with
-    its options (`tf_fusionstitch.optimize`'s docstring) but background and
-    measured_choice, which cannot act on a step Keras calls from inside its
-    own tf.function. Call it after
+    its options (`tf_fusionstitch.optimize`'s docstring) but background,
+    measured_choice and measured_plans, which cannot act on a step Keras
+    calls from inside its own tf.function (under fusion="explore" the
+    explored plan runs, as the plan guard kept it). Call it after
     `model.compile(...)`; returns the model. A later compile keeps the model
     optimized. Calling it again replaces the options.
 
@@ -138,6 +141,8 @@ def optimize(model, **options):
     tf_fusionstitch's own leaves the model running Keras' steps (or one
     trace running the original step), with a warning."""
     fusion_options = FusionOptions.from_call(**options)
+    if "measured_plans" not in options:   # explore's default: off where nothing is timed
+        fusion_options = dataclasses.replace(fusion_options, measured_plans=0)
     for name in UNTIMED_OPTIONS:
         if getattr(fusion_options, name):
             raise ValueError(f"tf_fusionstitch.keras.optimize() does not take {name}: Keras "

@@ -1,4 +1,5 @@
-"""Keeping the faster of the fused and the original function, by measurement.
+"""Keeping the fastest of a few functions that compute the same thing, by
+measurement.
 
 Where no rule of the rewrite can tell whether its plan beats TF's own on this
 machine (a kernel that keeps TF's remapper from fusing a bias into a matmul,
@@ -10,6 +11,18 @@ time is lower in most pairs of consecutive calls. Both compute the same
 function, so every call does the work the caller asked for, once. The report
 says which was kept and by what margin.
 
+fusion="explore" adds XLA's rule plan as a contender (options.measured_plans):
+where the plan model cannot tell the explored plan from the rule plans, the
+first calls do. With three contenders the calls go round by round; one is
+kept over the first (the fused function) when the median over rounds of the
+first's time over its time is above 1, the largest such median winning.
+
+A function that draws random numbers from ops whose state lives in the op's
+kernel (tf.random.uniform with an op seed, not a tf.random.Generator or
+Keras' seed generators, whose state is a variable) is not timed: each
+contender is another function with kernels of its own, so its first calls
+would draw the numbers the other's first calls drew.
+
 TF-free: only the clock and the bookkeeping.
 """
 
@@ -18,29 +31,52 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
-FUSED, ORIGINAL = "fused", "original"
+FUSED, ORIGINAL, XLA_RULES = "fused", "original", "XLA-rule plan"
+
+# Random ops that keep their generator's state in the kernel instance.
+KERNEL_STATE_RANDOM_OPS = frozenset({
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+    "ParameterizedTruncatedNormal", "RandomGamma", "RandomPoisson", "RandomPoissonV2",
+    "RandomShuffle", "Multinomial", "RandomCrop"})
+
+
+def untimeable(op_types: Iterable[str]) -> str:
+    """Why a function with ops of `op_types` cannot be timed against another
+    function computing the same ("" if it can)."""
+    drawn = sorted(KERNEL_STATE_RANDOM_OPS.intersection(op_types))
+    if not drawn:
+        return ""
+    return (f"measured choice: off: the function draws random numbers with "
+            f"{', '.join(drawn)}, whose state is in the op, so another function's first "
+            f"calls would draw the same numbers again")
 
 
 class MeasuredChoice:
-    """Which of the two to run next, the times so far, and the decision."""
+    """Which contender to run next, the times so far, and the decision.
+    `contenders`: the first is the fused function, kept on ties."""
 
-    def __init__(self, calls_each: int, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, calls_each: int, clock: Callable[[], float] = time.perf_counter,
+                 contenders: Sequence[str] = (FUSED, ORIGINAL)):
         if calls_each < 1:
             raise ValueError("calls_each must be at least 1")
+        if len(contenders) < 2 or len(set(contenders)) != len(contenders):
+            raise ValueError(f"a measured choice needs two or more distinct contenders, "
+                             f"got {list(contenders)}")
         self.calls_each = calls_each
         self.clock = clock
+        self.contenders = tuple(contenders)
         self._lock = threading.Lock()
-        self._warm = {FUSED: False, ORIGINAL: False}
-        self._times = {FUSED: [], ORIGINAL: []}
-        self._next = FUSED
+        self._warm = {c: False for c in self.contenders}
+        self._times: Dict[str, List[float]] = {c: [] for c in self.contenders}
+        self._next = 0
         self.choice: Optional[str] = None
 
     def next_contender(self) -> str:
-        """FUSED or ORIGINAL: the kept one once decided, else whose turn it is."""
+        """The kept contender once decided, else whose turn it is."""
         with self._lock:
-            return self.choice or self._next
+            return self.choice or self.contenders[self._next]
 
     def record(self, contender: str, seconds: float) -> None:
         """One finished call of `contender` that took `seconds`."""
@@ -51,21 +87,30 @@ class MeasuredChoice:
                 self._warm[contender] = True       # first calls trace: not timed
             else:
                 self._times[contender].append(seconds)
-            self._next = ORIGINAL if contender == FUSED else FUSED
+            self._next = (self.contenders.index(contender) + 1) % len(self.contenders)
             if all(len(t) >= self.calls_each for t in self._times.values()):
-                self.choice = ORIGINAL if self.ratio() > 1.0 else FUSED
+                self.choice = self._fastest()
 
-    def ratio(self) -> float:
-        """The median over pairs of the fused call's time over the original's."""
-        pairs = list(zip(self._times[FUSED], self._times[ORIGINAL]))
-        return statistics.median(f / o for f, o in pairs) if pairs else float("nan")
+    def _fastest(self) -> str:
+        ratios = {c: self.ratio(c) for c in self.contenders[1:]}
+        best = max(ratios, key=ratios.get)
+        return best if ratios[best] > 1.0 else self.contenders[0]
+
+    def ratio(self, other: Optional[str] = None) -> float:
+        """The median over rounds of the fused call's time over `other`'s
+        (default: the second contender); above 1, `other` was faster."""
+        other = other or self.contenders[1]
+        rounds = list(zip(self._times[self.contenders[0]], self._times[other]))
+        return statistics.median(f / o for f, o in rounds) if rounds else float("nan")
 
     def summary(self) -> str:
-        fused, original = self._times[FUSED], self._times[ORIGINAL]
+        first = self.contenders[0]
+        ratios = "; ".join(f"{self.ratio(c):.3f} over the {c}'s" for c in self.contenders[1:])
+        medians = ", ".join(f"{1e3 * statistics.median(self._times[c]):.3g} ms {c}"
+                            for c in self.contenders)
         return (f"measured choice: runs the {self.choice} function (median over "
-                f"{len(fused)} pairs of calls of the fused time over the original's "
-                f"{self.ratio():.3f}; medians {1e3 * statistics.median(fused):.3g} ms fused, "
-                f"{1e3 * statistics.median(original):.3g} ms original)")
+                f"{len(self._times[first])} rounds of calls of the {first} time: {ratios}; "
+                f"medians {medians})")
 
     def times(self, contender: str) -> List[float]:
         return list(self._times[contender])

@@ -69,6 +69,13 @@ class FusionOptions:
                                    "untimed and N timed calls of each) and the faster one "
                                    "runs from then on (tf_fusionstitch/measured_choice.py); "
                                    "0: always the fused one", lo=0, hi=1000)
+    measured_plans: int = _option(5, int, "fusion='explore' only: N > 0: each version's "
+                                  "first calls alternate between the explored plan and "
+                                  "XLA's rule plan of the same function (one untimed and N "
+                                  "timed calls of each; with measured_choice, the original "
+                                  "function too) and the fastest runs from then on "
+                                  "(tf_fusionstitch/measured_choice.py); 0: always the "
+                                  "explored plan", lo=0, hi=1000)
     background: bool = _option(False, bool, "the first calls run the original function "
                                "while the rewrite and its kernels' compilation run on a "
                                "thread; calls run the optimized function once it is ready "
@@ -128,6 +135,6 @@ class FusionOptions:
 
 
 # Options that do not change the rewritten graph, so stay out of the rewrite cache's key.
-NOT_IN_CACHE_KEY = ("rewrite_cache", "measured_choice", "background")
+NOT_IN_CACHE_KEY = ("rewrite_cache", "measured_choice", "measured_plans", "background")
 # Options that only mean something under fusion="explore".
-EXPLORE_ONLY = ("explore_k", "explore_beam", "costs", "explore_guard")
+EXPLORE_ONLY = ("explore_k", "explore_beam", "costs", "explore_guard", "measured_plans")

@@ -77,8 +77,9 @@ class Report:
     # failed (a bug of tf_fusionstitch, never of the user's function). Empty
     # when the plan above is what runs. Such a trace also has one fallback.
     failure: str = ""
-    # optimize(fn, measured_choice=N): which of the fused and the original
-    # function this version runs, from timing both on its first calls.
+    # optimize(fn, measured_choice=N), and fusion="explore" (measured_plans):
+    # which of the fused function, the original and XLA's rule plan this
+    # version runs, from timing them on its first calls.
     choice: str = ""
     # Ops replaced by another TF op that computes the same, faster
     # (rewriters/depthwise_calls.py): (node, what it was, what it became).

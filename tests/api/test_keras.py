@@ -280,9 +280,11 @@ class KerasCallsTest(tf.test.TestCase):
             fs.keras.optimize(tf.function(lambda x: x))
         with self.assertRaisesRegex(ValueError, r"fusion"):
             fs.keras.optimize(_small_model(), fusion="nonsense")
-        for option in ({"background": True}, {"measured_choice": 3}):
-            with self.assertRaisesRegex(ValueError, f"leave {next(iter(option))} out"):
+        for option in ({"background": True}, {"measured_choice": 3},
+                       {"fusion": "explore", "measured_plans": 3}):
+            with self.assertRaisesRegex(ValueError, f"leave {list(option)[-1]} out"):
                 fs.keras.optimize(_small_model(), **option)
+        fs.keras.optimize(_small_model(), fusion="explore")   # its default is off here
 
     def test_a_recompile_with_jit_compile_runs_keras_steps_with_a_warning(self):
         x, y = _small_data(4)

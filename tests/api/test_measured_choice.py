@@ -72,6 +72,112 @@ class MeasuredChoiceTest(tf.test.TestCase):
         self.assertIn(report.choice, str(report))
         self.assertNotEmpty(report.fused_clusters)
 
+    def test_three_contenders_go_round_by_round_and_the_fastest_is_kept(self):
+        contenders = (mc.FUSED, mc.XLA_RULES, mc.ORIGINAL)
+        seconds = {mc.FUSED: [9.0, 2.0, 2.0], mc.XLA_RULES: [9.0, 1.0, 1.5],
+                   mc.ORIGINAL: [9.0, 1.8, 1.9]}
+        choice = mc.MeasuredChoice(2, contenders=contenders)
+        order = []
+        for round_ in range(3):
+            for _ in contenders:
+                who = choice.next_contender()
+                order.append(who)
+                choice.record(who, seconds[who][round_])
+        self.assertEqual(order, list(contenders) * 3)
+        self.assertEqual(choice.choice, mc.XLA_RULES)   # median 2/1.25 beats 2/1.85
+        self.assertIn("runs the XLA-rule plan function", choice.summary())
+        self.assertIn("over the original's", choice.summary())
+
+        slower = mc.MeasuredChoice(1, contenders=contenders)
+        for who in contenders * 2:
+            slower.record(who, 1.0 if who == mc.FUSED else 1.5)
+        self.assertEqual(slower.choice, mc.FUSED)
+        with self.assertRaisesRegex(ValueError, "two or more distinct contenders"):
+            mc.MeasuredChoice(1, contenders=(mc.FUSED, mc.FUSED))
+
+    def test_explore_times_its_plan_against_xlas_rule_plan(self):
+        for rules_seconds, kept in ((0.5, mc.XLA_RULES), (2.0, mc.FUSED)):
+            with self.subTest(kept=kept):
+                order = self._explore_calls(rules_seconds, kept, measured_choice=0)
+                self.assertEqual(order, [mc.FUSED, mc.XLA_RULES] * 3)
+        order = self._explore_calls(0.5, mc.XLA_RULES, measured_choice=2)
+        self.assertEqual(order, [mc.FUSED, mc.XLA_RULES, mc.ORIGINAL] * 3)
+
+    def _explore_calls(self, rules_seconds, kept, measured_choice):
+        """Nine calls of an explore-optimized step whose XLA-rule plan calls
+        take `rules_seconds` and the others 1 s; the contenders in the order
+        their calls were timed."""
+        order = []
+
+        class Scripted(mc.MeasuredChoice):
+            def record(self, contender, seconds):
+                order.append(contender)
+                super().record(contender, rules_seconds if contender == mc.XLA_RULES else 1.0)
+
+        counter = tf.Variable(0.0)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32)])
+        def step(x):
+            counter.assign_add(1.0)
+            mean = tf.reduce_mean(x, axis=-1, keepdims=True)
+            return tf.nn.softmax(tf.tanh(x - mean) * 3.0 + mean)
+
+        real, mc.MeasuredChoice = mc.MeasuredChoice, Scripted
+        try:
+            opt = fs.optimize(step, fusion="explore", measured_plans=2,
+                              measured_choice=measured_choice)
+            gen = rng(1)
+            for _ in range(9):
+                x = tf.constant(gen.standard_normal((5, 64)), tf.float32)
+                got = quiet_call(opt, x)
+                before = float(counter.numpy())
+                assert_same(self, got, step(x), "transcendental")
+                counter.assign(before)
+        finally:
+            mc.MeasuredChoice = real
+        self.assertEqual(float(counter.numpy()), 9.0)   # every call ran its step once
+        report = opt.report()
+        self.assertEqual(report.fusion, "explore")
+        self.assertIn(f"runs the {kept} function", report.choice)
+        return order
+
+    def test_explore_without_measured_plans_runs_its_plan_untimed(self):
+        @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32)])
+        def f(x):
+            return tf.nn.relu(x * 2.0 + 1.0)
+        opt = fs.optimize(f, fusion="explore", measured_plans=0)
+        x = tf.ones([3, 8])
+        for _ in range(3):
+            assert_same(self, opt(x), f(x))
+        self.assertEqual(opt.report().choice, "")
+        with self.assertRaisesRegex(ValueError, "measured_plans applies only to "
+                                                "fusion='explore'"):
+            fs.optimize(f, measured_plans=3)
+
+    def test_random_ops_with_state_in_the_kernel_are_never_timed(self):
+        """Another function's random op would start its stream again: the
+        draws would repeat, so such a function runs its one rewrite."""
+        def make():
+            @tf.function(input_signature=[tf.TensorSpec([4, 8], tf.float32)])
+            def noisy(x):
+                return tf.tanh(x * 2.0) + tf.random.uniform([4, 8], seed=7)
+            return noisy
+        tf.random.set_seed(3)
+        reference = make()
+        tf.random.set_seed(3)
+        for options in ({"measured_choice": 2}, {"fusion": "explore", "measured_plans": 2}):
+            with self.subTest(**options):
+                tf.random.set_seed(3)
+                opt = fs.optimize(make(), **options)
+                tf.random.set_seed(3)
+                reference = make()
+                x = tf.ones([4, 8])
+                draws = [quiet_call(opt, x) for _ in range(4)]
+                for got in draws:
+                    assert_same(self, got, reference(x), "transcendental")
+                self.assertNotAllClose(draws[0], draws[1])
+                self.assertIn("draws random numbers with RandomUniform", opt.report().choice)
+
     def test_the_option_is_validated(self):
         f = tf.function(lambda x: x * 2.0)
         with self.assertRaisesRegex(ValueError, "measured_choice=-1 is out of range"):

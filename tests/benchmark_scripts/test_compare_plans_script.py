@@ -31,6 +31,9 @@ def test_three_plans_of_a_loop_model_are_compared():
         r"^  (\S+) +median +([\d.]+) ms, CPU +([\d.]+) ms(?:; ratio median ([\d.]+)x, "
         r"middle half ([\d.]+)-([\d.]+)x, 95% interval ([\d.]+)-([\d.]+)x)?$", out, re.M)}
     assert set(lines) == set(kernels), out
+    # explore's measured choice against XLA's rule plan is decided before the rounds
+    assert re.search(r"^  measured choice: runs the (fused|XLA-rule plan) function", out,
+                     re.M), out
     assert lines["xla_like"][3] == "", out       # the baseline has no ratio
     for label in ("stitch", "explore:pack=False+explore_k=2"):
         median, low, high, lowest, highest = map(float, lines[label][3:])
