@@ -70,13 +70,13 @@ class MeasuredChoice:
         self._lock = threading.Lock()
         self._warm = {c: False for c in self.contenders}
         self._times: Dict[str, List[float]] = {c: [] for c in self.contenders}
-        self._next = 0
+        self._calls = 0   # calls recorded so far, all contenders
         self.choice: Optional[str] = None
 
     def next_contender(self) -> str:
         """The kept contender once decided, else whose turn it is."""
         with self._lock:
-            return self.choice or self.contenders[self._next]
+            return self.choice or self._turn(self._calls)
 
     def record(self, contender: str, seconds: float) -> None:
         """One finished call of `contender` that took `seconds`."""
@@ -87,9 +87,17 @@ class MeasuredChoice:
                 self._warm[contender] = True       # first calls trace: not timed
             else:
                 self._times[contender].append(seconds)
-            self._next = (self.contenders.index(contender) + 1) % len(self.contenders)
+            self._calls += 1
             if all(len(t) >= self.calls_each for t in self._times.values()):
                 self.choice = self._fastest()
+
+    def _turn(self, call: int) -> str:
+        """Whose turn call number `call` is. Round r starts with contender r
+        (mod their number): the first calls of a process tend to get faster,
+        and one contender always running later would gain from that."""
+        k = len(self.contenders)
+        round_, place = divmod(call, k)
+        return self.contenders[(round_ + place) % k]
 
     def _fastest(self) -> str:
         ratios = {c: self.ratio(c) for c in self.contenders[1:]}
