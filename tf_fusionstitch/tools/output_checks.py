@@ -8,6 +8,10 @@ import numpy as np
 from tf_fusionstitch import array_interpreter, patterns
 from tf_fusionstitch import fusion_ir as ir
 
+# Tolerances against the CPU kernel (relative to each output's largest
+# magnitude: compare_outputs' normwise).
+RTOL, ATOL = 1e-4, 1e-5
+
 
 def compare_outputs(got, wanted, rtol, atol, normwise=False) -> tuple:
     """(largest error, all within tolerance). `normwise`: rtol relative to
@@ -71,3 +75,23 @@ def as_close_as_cpu(got, cpu, exact, rtol, atol, factor=2.0) -> bool:
             if far(g) > atol + rtol * scale + factor * far(c):
                 return False
     return True
+
+
+def agrees_with_cpu(emulated, cpu, cluster: ir.Cluster, rows, rng, rtol=RTOL, atol=ATOL
+                    ) -> tuple:
+    """(largest error, all good) of an emulated GPU kernel against the CPU
+    kernel of the same cluster (both runtime.cpu_kernel.CpuKernel) on random
+    inputs, every dynamic dimension taking each of `rows`: normwise within
+    the tolerance, or where that fails, as close to the float64
+    interpretation as the CPU kernel (as_close_as_cpu)."""
+    exact = float64_interpreter(cluster)
+    err, ok = 0.0, True
+    for n in rows:
+        inputs = patterns.random_inputs(cluster, n, rng)
+        wanted = cpu.run(inputs)
+        got = emulated.run(inputs, threads=2, forward=True)
+        e, good = compare_outputs(got, wanted, rtol, atol, normwise=True)
+        if not good and exact is not None:
+            good = as_close_as_cpu(got, wanted, exact(*widened_inputs(inputs)), rtol, atol)
+        err, ok = max(err, e), ok and good
+    return err, ok
