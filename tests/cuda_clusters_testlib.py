@@ -1,0 +1,179 @@
+"""The GPU target's clusters checked as `cuda_check --clusters` checks
+exported specs, many at a time (TF-free; tests/models/test_zoo.py runs it
+on every zoo model's clusters).
+
+Each distinct cluster must
+- compile with NVRTC and assemble with ptxas for each of ARCHS,
+- without spills and without a stack frame, except where KNOWN_SPILLS names
+  the cause,
+- and its emulated CUDA schedule (the plan compile_cuda compiled) must agree
+  with its CPU kernel on random inputs (output_checks.agrees_with_cpu, the
+  tool's comparison).
+
+The kernels of a batch are compiled several to a compiler run (kernels.py),
+and a cluster the emulated target already built comes from the kernel cache.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import pathlib
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch import kernels
+from tf_fusionstitch.gpu import build as gpu_build
+from tf_fusionstitch.runtime import nvrtc
+from tf_fusionstitch.tools.output_checks import agrees_with_cpu
+
+ARCHS = gpu_build.DEFAULT_ARCHS                     # sm_80 and sm_90
+ROWS = (0, 1, 13, 37)                               # cuda_check's default --rows
+
+
+@dataclasses.dataclass(frozen=True)
+class KnownSpill:
+    """Spills or a stack frame that a cluster may have on the `archs`, with
+    the reason, recognised by `applies(cluster, ptxas' resources)`."""
+    reason: str
+    archs: Tuple[str, ...]
+    applies: Callable[[ir.Cluster, nvrtc.KernelResources], bool]
+
+
+def _prims(cluster: ir.Cluster) -> set:
+    return {op.prim for op in cluster.ops}
+
+
+# Measured on every zoo cluster (tiny sizes, inference and train step) with
+# CUDA 13's NVRTC and ptxas: all of them compile for sm_80 and sm_90, and these
+# are the only ones with spills or a stack frame (8 of 2614 distinct clusters).
+# None can be removed by the kernel printer alone today; each is named so that
+# any other spill fails the check.
+KNOWN_SPILLS = [
+    KnownSpill(
+        "CUDA's sinf and cosf keep a small local array for the reduction of large "
+        "arguments (Payne-Hanek): a stack frame, no spills (rotary embeddings of "
+        "llama, mistral, gemma, qwen2, phi3)",
+        ("sm_80", "sm_90"),
+        lambda c, r: bool(_prims(c) & {"sin", "cos"}) and not (r.spill_stores
+                                                                or r.spill_loads)),
+    KnownSpill(
+        "on sm_80 ptxas calls the IEEE-rounded division and square root's slow path as "
+        "a subroutine and saves the registers live across the call; inside a per-thread "
+        "loop over columns with a dozen pointers live those saves are spills, at 32 "
+        "registers, far below the limit (a batch norm's moving statistics and rsqrt over "
+        "8 channels in the MobileNet train steps; sm_90 compiles the same kernel without)",
+        ("sm_80",),
+        lambda c, r: bool(_prims(c) & {"div", "reciprocal", "sqrt", "rsqrt"})
+        and r.registers <= 32),
+    KnownSpill(
+        "one thread computes hundreds of scalar outputs: an optimizer's per-variable "
+        "scalars (bias corrections, pow of the step count) fused side by side into one "
+        "kernel with ~1000 pointer parameters, whose registers run out (EfficientNetV2B0's "
+        "train step: 730 outputs); the rewriter would have to split such a cluster",
+        ("sm_80", "sm_90"),
+        lambda c, r: len(c.outputs) >= 256
+        and all(c.types()[o].shape == () for o in c.outputs)),
+]
+
+
+def unavailable() -> str:
+    """Why the check cannot run here ("" where it can)."""
+    if nvrtc.nvrtc_version() is None or nvrtc.ptxas_path() is None:
+        return ("needs NVRTC (pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12) and ptxas "
+                "(CUDA toolkit)")
+    return ""
+
+
+def spill_reason(cluster: ir.Cluster, resources: nvrtc.KernelResources) -> Optional[str]:
+    """The KNOWN_SPILLS reason that covers these spills, if any."""
+    return next((k.reason for k in KNOWN_SPILLS
+                 if resources.arch in k.archs and k.applies(cluster, resources)), None)
+
+
+def compile_problems(name: str, cluster: ir.Cluster, archs=ARCHS) -> List[str]:
+    """NVRTC and ptxas of one cluster: what went wrong, as readable lines."""
+    try:
+        _, builds = gpu_build.compile_cuda(cluster, archs)
+    except Exception as exc:  # noqa: BLE001  (a kernel NVRTC or ptxas rejects fails the check)
+        return [f"{name}: does not compile: {type(exc).__name__}: {str(exc)[:500]}"]
+    bad = []
+    for arch, built in builds.items():
+        res = built.resources
+        if res is None:
+            bad.append(f"{name}: {arch}: ptxas gave no resource report")
+        elif (res.spill_stores or res.spill_loads or res.stack_bytes) \
+                and spill_reason(cluster, res) is None:
+            bad.append(f"{name}: {arch}: spills {res.spill_stores}/{res.spill_loads} bytes "
+                       f"(stores/loads), stack frame {res.stack_bytes} bytes, "
+                       f"{res.registers} registers")
+    return bad
+
+
+def emulation_problems(clusters: Mapping[str, ir.Cluster], rows=ROWS, seed=0) -> List[str]:
+    """Each cluster's emulated CUDA schedule against its CPU kernel."""
+    names, todo = list(clusters), list(clusters.values())
+    cpu = kernels.build_cpu_kernels(todo, target=kernels.CPU)
+    emulated = kernels.build_cpu_kernels(todo, target=kernels.CUDA_EMULATED)
+    bad = []
+    for name, cluster, c, e in zip(names, todo, cpu, emulated):
+        for what, built in (("CPU kernel", c), ("emulated CUDA kernel", e)):
+            if isinstance(built, Exception):
+                bad.append(f"{name}: the {what} does not build: {type(built).__name__}: "
+                           f"{str(built)[:500]}")
+        if isinstance(c, Exception) or isinstance(e, Exception):
+            continue
+        err, ok = agrees_with_cpu(e.runner(), c.runner(), cluster, rows,
+                                  np.random.default_rng(seed))
+        if not ok:
+            bad.append(f"{name}: the emulated CUDA kernel differs from the CPU kernel "
+                       f"(largest error {err:.3g})")
+    return bad
+
+
+def problems(clusters: Mapping[str, ir.Cluster], archs=ARCHS, workers: int = 2
+             ) -> Dict[str, List[str]]:
+    """{name: what is wrong with it, as readable lines} for the clusters of
+    `clusters` ({name: cluster}) that fail; {} when all pass. NVRTC and
+    ptxas run on `workers` threads while the emulations run."""
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        compiled = [pool.submit(compile_problems, n, c, archs) for n, c in clusters.items()]
+        lines = emulation_problems(clusters)
+        for f in compiled:
+            lines += f.result()
+    bad: Dict[str, List[str]] = {}
+    for line in sorted(lines):
+        bad.setdefault(line.split(":", 1)[0], []).append(line)
+    return bad
+
+
+class CheckedOnce:
+    """Which clusters passed already in this test session: one empty file
+    per kernel key in `directory`, so that the zoo's many models, in several
+    processes (pytest-xdist workers, `make test`'s parts), check a cluster
+    they share once. A cluster that fails is checked again by the next
+    model that has it, and fails there too."""
+
+    def __init__(self, directory):
+        self._dir = pathlib.Path(directory)
+        self._dir.mkdir(parents=True, exist_ok=True)
+
+    @staticmethod
+    def key(cluster: ir.Cluster) -> str:
+        return kernels.kernel_key(cluster.to_json(), kernels.CUDA_EMULATED)
+
+    def unchecked(self, clusters: Mapping[str, ir.Cluster]) -> Dict[str, ir.Cluster]:
+        return {n: c for n, c in clusters.items() if not (self._dir / self.key(c)).exists()}
+
+    def passed(self, clusters: Mapping[str, ir.Cluster]) -> None:
+        for cluster in clusters.values():
+            (self._dir / self.key(cluster)).touch()
+
+
+def session_record() -> CheckedOnce:
+    """The record shared by the processes of one test session (tests/conftest.py)."""
+    return CheckedOnce(pathlib.Path(os.environ["TF_FUSIONSTITCH_TEST_SESSION_CACHE"])
+                       / "cuda-clusters-passed")

@@ -1,0 +1,76 @@
+"""The zoo's CUDA cluster check (tests/cuda_clusters_testlib.py) fails where
+it should: a kernel whose emulation computes something else, a spill ptxas
+reports, a spill outside the named causes. (Without these, a check that
+passes on every zoo cluster could be one that never looks.)"""
+
+import dataclasses
+import json
+
+import pytest
+
+from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch import kernels, patterns
+from tf_fusionstitch.runtime import nvrtc
+import cuda_clusters_testlib as ctl
+
+needs_nvrtc = pytest.mark.skipif(bool(ctl.unavailable()), reason=ctl.unavailable())
+
+
+def gelu():
+    return patterns.standard_patterns()["bias_gelu_tanh_1024"].cluster
+
+
+def with_spills(real, **counts):
+    """ptxas_resources whose report of the kernel says `counts`."""
+    def report(ptx, arch, *args, **kwargs):
+        return [dataclasses.replace(r, **counts) for r in real(ptx, arch, *args, **kwargs)]
+    return report
+
+
+@needs_nvrtc
+def test_a_standard_pattern_passes():
+    assert ctl.problems({"gelu": gelu()}) == {}
+
+
+def test_an_emulation_that_computes_something_else_fails(monkeypatch):
+    real = kernels.generator(kernels.CUDA_EMULATED)
+
+    def broken(cluster):   # the emulation of the cluster with its first mul an add
+        i = next(i for i, op in enumerate(cluster.ops) if op.prim == "mul")
+        ops = list(cluster.ops)
+        ops[i] = dataclasses.replace(ops[i], prim="add")
+        return real(dataclasses.replace(cluster, ops=tuple(ops)))
+    monkeypatch.setattr(kernels, "generator",
+                        lambda t: broken if t == kernels.CUDA_EMULATED else
+                        kernels.generate_cpp)
+    (line,) = ctl.emulation_problems({"gelu": gelu()})
+    assert line.startswith("gelu: the emulated CUDA kernel differs from the CPU kernel")
+
+
+@needs_nvrtc
+def test_a_spill_fails(monkeypatch):
+    monkeypatch.setattr(nvrtc, "ptxas_resources",
+                        with_spills(nvrtc.ptxas_resources, spill_stores=8, spill_loads=8))
+    lines = ctl.problems({"gelu": gelu()})["gelu"]
+    assert [line.split(":")[1].strip() for line in lines] == list(ctl.ARCHS)
+    assert all("spills 8/8 bytes" in line for line in lines)
+
+
+@needs_nvrtc
+def test_a_stack_frame_fails(monkeypatch):
+    monkeypatch.setattr(nvrtc, "ptxas_resources",
+                        with_spills(nvrtc.ptxas_resources, stack_bytes=16))
+    assert len(ctl.compile_problems("gelu", gelu())) == len(ctl.ARCHS)
+
+
+def test_named_causes_cover_only_their_case():
+    sincos = ir.Cluster.from_json(json.dumps({
+        "inputs": [{"name": "x", "type": {"dtype": "float32", "shape": [None, 8]}}],
+        "ops": [{"name": "s", "prim": "sin", "inputs": ["x"], "attrs": {},
+                 "type": {"dtype": "float32", "shape": [None, 8]}}],
+        "outputs": ["s"], "version": 1}))
+    stack = nvrtc.KernelResources("fs_kernel", "sm_90", 30, 0, 32, 0, 0)
+    spilled = dataclasses.replace(stack, spill_stores=8, spill_loads=8)
+    assert ctl.spill_reason(sincos, stack) is not None      # sinf's local array
+    assert ctl.spill_reason(sincos, spilled) is None        # but no spills
+    assert ctl.spill_reason(gelu(), stack) is None
