@@ -24,6 +24,13 @@ against the same references. A subset, to keep `make test` under 30 minutes:
 every text model and the CNNs of each kind of block (inverted residuals,
 squeeze-and-excitation, residual, separable and plain convolutions).
 
+For every model, every cluster the GPU target's rewrite builds (inference and
+train step; rewritten without running for the models outside CUDA_EMULATED)
+compiles with NVRTC for sm_80 and sm_90, without spills except the causes
+tests/cuda_clusters_testlib.py names, and its emulated CUDA schedule agrees
+with its CPU kernel, as `cuda_check --clusters` checks exported specs. Each
+distinct cluster is checked once per session, by the first model that has it.
+
 The comparison catches a plan that is slightly wrong: one fused op of a train
 step off by a relative 1e-5 fails it (PerturbedPlanTest).
 """
@@ -38,8 +45,10 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 import tf_fusionstitch as fs
+from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch import trace_rewrite
 from tf_fusionstitch.planner import op_rules
+import cuda_clusters_testlib as ctl
 import planner_zoo
 import zoo_testlib as zt
 
@@ -121,15 +130,13 @@ class ZooTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEmpty(zt.unexplained_unfused(reports[-1]),
                          f"{what}: nothing fused\n{reports[-1]}")
 
-    def _check_inference(self, model, twin, targets):
-        shapes = ([(2, 12), (3, 16)] if model.family == "text" else [(2, None), (3, None)])
-        gen = np.random.default_rng(_SEED)
-        batches = [model.make_batch(gen, batch, seq).inputs for batch, seq in shapes]
+    def _check_inference(self, model, twin, targets, optimized):
+        shapes, batches = _inference_batches(model)
         want = [zt.flat_outputs(model.inference(*b)) for b in batches]
         xla = zt.xla_function(model.inference)
         refs = [[zt.flat_outputs(f(*b)) for f in (twin.inference, xla)] for b in batches]
         for target in targets:
-            opt = fs.optimize(model.inference, target=target)
+            opt = optimized[target, "inference"] = fs.optimize(model.inference, target=target)
             got, warned = _quiet_calls(opt, batches)
             for shape, w, r, g in zip(shapes, want, refs, got):
                 self.assertEqual(zt.mismatched_outputs(w, r, zt.flat_outputs(g)), [],
@@ -143,13 +150,15 @@ class ZooTest(tf.test.TestCase, parameterized.TestCase):
         model = zoo.build(name, "tiny", seed=_SEED)
         twin = zt.build_twin(model, name, _SEED)
         targets = ["cpu"] + (["cuda-emulated"] if name in CUDA_EMULATED else [])
+        optimized = {}   # (target, "inference" or "train step"): OptimizedFunction
         with self.subTest("inference"):
-            self._check_inference(model, twin, targets)
+            self._check_inference(model, twin, targets, optimized)
         with self.subTest("train steps"):
             references = train_references(model, twin)
             for target in targets:
                 mismatches, warned, opt = optimized_comparison(model, references,
                                                                {"target": target})
+                optimized[target, "train step"] = opt
                 self.assertEqual(mismatches, [], f"{target} train steps "
                                  f"({zt.twin_policy(model)} twin"
                                  + (")" if model.dropout else " and XLA)"))
@@ -161,6 +170,56 @@ class ZooTest(tf.test.TestCase, parameterized.TestCase):
             # binds an axis (checked here, where the model is built anyway).
             graph = planner_zoo.train_step_graph(model)
             self.assertEqual(op_rules.conservative_ops(graph), {}, "ops on the conservative rule")
+        with self.subTest("CUDA clusters"):
+            self._check_cuda_clusters(model, optimized)
+
+    def _check_cuda_clusters(self, model, optimized):
+        """Every cluster the GPU target builds for the model's inference and
+        train step compiles with NVRTC for sm_80 and sm_90 without spills
+        (but those cuda_clusters_testlib.KNOWN_SPILLS names), and its emulated
+        CUDA schedule agrees with its CPU kernel. A model outside
+        CUDA_EMULATED is only rewritten for the GPU target here, not run; a
+        cluster another model's test passed in this session is not checked
+        again."""
+        reason = ctl.unavailable()
+        if reason:
+            self.skipTest(reason)
+        specs = {}
+        for what in ("inference", "train step"):
+            opt = optimized.get(("cuda-emulated", what))
+            if opt is None:
+                opt = _gpu_rewrite(model, what)
+                self._check_reports(opt, f"cuda-emulated {what}", _known_fallbacks("cuda-emulated"))
+            for path in opt.export_clusters(self.get_temp_dir() + "/" + what.replace(" ", "_")):
+                specs.setdefault(path.read_text(), path.stem)
+        record = ctl.session_record()
+        clusters = record.unchecked({n: ir.Cluster.from_json(t) for t, n in specs.items()})
+        failed = ctl.problems(clusters)
+        record.passed({n: c for n, c in clusters.items() if n not in failed})
+        self.assertEqual(failed, {}, f"{len(failed)} of {len(clusters)} clusters failed "
+                         f"({len(specs)} in all):\n"
+                         + "\n".join(line for lines in failed.values() for line in lines))
+
+
+def _inference_batches(model):
+    """The (batch, sequence length) shapes inference is checked at, and a batch of each."""
+    shapes = ([(2, 12), (3, 16)] if model.family == "text" else [(2, None), (3, None)])
+    gen = np.random.default_rng(_SEED)
+    return shapes, [model.make_batch(gen, batch, seq).inputs for batch, seq in shapes]
+
+
+def _gpu_rewrite(model, what):
+    """`what` ("inference" or "train step") of `model` rewritten for the GPU
+    target as the checks' calls would (same shapes), without running it."""
+    if what == "inference":
+        opt = fs.optimize(model.inference, target="cuda-emulated")
+        for batch in _inference_batches(model)[1]:
+            opt.prepare(*batch)
+        return opt
+    opt = fs.optimize(model.train_step, target="cuda-emulated")
+    batch = zt.train_batches(model, _SEED + 1)[0]
+    opt.prepare(*batch.inputs, batch.labels)
+    return opt
 
 
 def _known_fallbacks(target):
