@@ -10,6 +10,9 @@ import pytest
 
 from tf_fusionstitch import fusion_ir as ir
 from tf_fusionstitch import kernels, patterns
+from tf_fusionstitch.codegen.generate import generate_cuda
+from tf_fusionstitch.codegen.gpu_printer import KERNEL_NAME, NVRTC_OPTIONS
+from tf_fusionstitch.gpu import build as gpu_build
 from tf_fusionstitch.runtime import nvrtc
 import cuda_clusters_testlib as ctl
 
@@ -45,6 +48,37 @@ def test_an_emulation_that_computes_something_else_fails(monkeypatch):
                         kernels.generate_cpp)
     (line,) = ctl.emulation_problems({"gelu": gelu()})
     assert line.startswith("gelu: the emulated CUDA kernel differs from the CPU kernel")
+
+
+@needs_nvrtc
+def test_kernels_compiled_together_report_what_each_reports_alone():
+    clusters = [p.cluster for p in patterns.standard_patterns().values()]
+    source = ctl.batched_source([generate_cuda(c, None).source for c in clusters])
+    for arch in ctl.ARCHS:
+        together = {r.kernel: r for r in nvrtc.ptxas_resources(
+            nvrtc.compile_ptx(source, arch, NVRTC_OPTIONS), arch)}
+        for i, cluster in enumerate(clusters):
+            alone = gpu_build.compile_cuda(cluster, (arch,))[1][arch].resources
+            assert together[f"{KERNEL_NAME}_{i}"] == dataclasses.replace(
+                alone, kernel=f"{KERNEL_NAME}_{i}")
+
+
+@needs_nvrtc
+def test_a_kernel_nvrtc_rejects_is_named(monkeypatch):
+    real = gpu_build.generate_cuda
+
+    def broken(cluster, *args, **kwargs):   # the second kernel's own code does not compile
+        g = real(cluster, *args, **kwargs)
+        if cluster is clusters["b"]:
+            prelude, end, own = g.source.partition(ctl.PRELUDE_END)
+            g = dataclasses.replace(g, source=prelude + end + own.replace(
+                "{", "{ undeclared = 1;", 1))
+        return g
+    clusters = {"a": gelu(), "b": patterns.standard_patterns()["softmax_128"].cluster}
+    monkeypatch.setattr(gpu_build, "generate_cuda", broken)
+    monkeypatch.setattr(ctl, "generate_cuda", broken)
+    (line,) = ctl.batch_compile_problems(clusters)
+    assert line.startswith("b: does not compile: CudaCompileError")
 
 
 @needs_nvrtc
