@@ -108,3 +108,5 @@ def test_named_causes_cover_only_their_case():
     assert ctl.spill_reason(sincos, stack) is not None      # sinf's local array
     assert ctl.spill_reason(sincos, spilled) is None        # but no spills
     assert ctl.spill_reason(gelu(), stack) is None
+    assert ctl.mismatch_rule(gelu()) is None               # float32, not a named spec
+    assert ctl.mismatch_rule(sincos) is None
