@@ -129,13 +129,15 @@ KNOWN_MISMATCHES = [
         "mixed_bfloat16 batch norms, 5 clusters)",
         2.0 ** -7, _sixteen_bit_sums),
     KnownMismatch(
-        "ill-conditioned on random inputs: a batch norm's gradient sums feed an "
+        "ill-conditioned on random inputs: a gradient summed over the batch feeds an "
         "optimizer update that divides by a random second moment (Adamax's "
-        "max(|g|), MobileNetV3Small) or an rsqrt of a random variance near 0 "
-        "(Xception); the GPU sums in float32 where the CPU kernel sums in double, and "
-        "the division amplifies that to 2e-3 of the output's largest magnitude, up to "
-        "11 times the CPU kernel's distance from float64. Allowed: 1e-2 normwise",
-        1e-2, lambda c: spec_digest(c) in {"7330c692ea", "d294a29340"}),
+        "max(b2 u, |g|): MobileNetV3Small's batch norm, DeBERTa-v3's relative position "
+        "embedding) or an rsqrt of a random variance near 0 (Xception's batch norm); "
+        "the GPU sums in float32 where the CPU kernel sums in double, and where the sum "
+        "nearly cancels the division amplifies that to 2e-3 to 4e-3 of the output's "
+        "largest magnitude, 3 to 11 times the CPU kernel's distance from float64. "
+        "Allowed: 1e-2 normwise",
+        1e-2, lambda c: spec_digest(c) in {"7330c692ea", "d294a29340", "e39bb2e5ba"}),
 ]
 
 
