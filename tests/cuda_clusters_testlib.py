@@ -11,8 +11,10 @@ Each distinct cluster must
   tool's comparison), or, where KNOWN_MISMATCHES names why it cannot, within
   the tolerance named there.
 
-The kernels of a batch are compiled several to a compiler run (kernels.py),
-and a cluster the emulated target already built comes from the kernel cache.
+CPU and emulated kernels are compiled several to a compiler run (kernels.py;
+those the emulated target already built come from the kernel cache), CUDA
+kernels BATCH to an NVRTC and ptxas run (batched_source), on threads beside
+the emulations.
 """
 
 from __future__ import annotations
