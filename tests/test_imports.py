@@ -10,6 +10,7 @@ import import_graph
 # module of the package is TF-free core and must import without it.
 TF_FACING = {
     "tf_fusionstitch.api", "tf_fusionstitch.trace_rewrite", "tf_fusionstitch.call_arguments",
+    "tf_fusionstitch.call_config",
     "tf_fusionstitch.graph_check", "tf_fusionstitch.custom_ops.loader", "tf_fusionstitch.keras",
     "tf_fusionstitch.saved_model_converter",
     "tf_fusionstitch.tools.demo", "tf_fusionstitch.tensorboard_graph",
