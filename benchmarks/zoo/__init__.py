@@ -1,7 +1,7 @@
 """The model zoo: third-party models as users bring them, built from their
 public constructors with seeded random weights and no downloads.
 
-Sixteen keras.applications CNNs (vision.py) and fifteen keras_hub backbones
+Fifteen keras.applications CNNs (vision.py) and fifteen keras_hub backbones
 (text.py), each at a "tiny" size for tests and a "real" one for benchmarks,
 with an inference function (batch dimension None; sequence length None too
 for text models) and a train step (a training head, a loss and one of nine
