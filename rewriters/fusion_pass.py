@@ -29,7 +29,8 @@ from tf_fusionstitch.report import ClusterReport
 from tf_fusionstitch.rewriters import (call_dims, decided_shapes, depthwise_calls,
                                        einsum_matmul,
                                        function_bodies, function_graphs, legality,
-                                       loop_gradients, op_table, packing, remapper_epilogues,
+                                       loop_gradients, op_table, packing, projection_matmul,
+                                       remapper_epilogues,
                                        slice_gradients, strategies, variable_updates)
 from tf_fusionstitch.rewriters.clustering import fusible_nodes
 from tf_fusionstitch.rewriters.graph_view import GraphView, Tensor
@@ -312,6 +313,9 @@ def _fuse_graph(graph_def, types, build, strategy: strategies.Strategy,
         graph_def, types, _ = slice_gradients.concat_tiled_slice_gradients(
             graph_def, types, analyses.origins(graph_def, types, assumed),
             analyses.view(graph_def, types))
+    if projection_matmul.candidates(graph_def):   # one MatMul, not a batch of them
+        graph_def, types, _ = projection_matmul.rewrite(
+            graph_def, types, lambda g, t: analyses.origins(g, t, assumed))
     if einsum_matmul.candidates(graph_def):   # their transposes may then fuse
         graph_def, types, _ = einsum_matmul.rewrite(
             graph_def, types, lambda g, t: analyses.origins(g, t, assumed))
