@@ -3,6 +3,8 @@ operands (rewriters/projection_matmul.py): Keras' EinsumDense equations, a
 rank-3 `x @ w` and their gradients, at dynamic sizes, on fresh random
 inputs, against TF's results."""
 
+from unittest import mock
+
 import numpy as np
 import tensorflow as tf
 
@@ -70,6 +72,13 @@ class PlanTest(tf.test.TestCase):
 
 
 class ProjectionMatmulTest(tf.test.TestCase):
+    """Small operands, with the size threshold off (SizeThresholdTest checks it)."""
+
+    def setUp(self):
+        super().setUp()
+        patch = mock.patch.object(projection_matmul, "MIN_STATIC_ELEMENTS", 1)
+        patch.start()
+        self.addCleanup(patch.stop)
 
     def test_einsums_match_tf_and_become_one_matmul(self):
         gen = rng(9500)
@@ -200,6 +209,28 @@ class ProjectionMatmulTest(tf.test.TestCase):
         self.assertIn("Einsum", _graph_ops(opt.graph_def))
         with self.assertRaises(tf.errors.InvalidArgumentError):
             opt(x, random(gen, (3, 2, 5), "float32"))
+
+
+class SizeThresholdTest(tf.test.TestCase):
+
+    def test_only_products_with_large_static_operands_are_flattened(self):
+        """Below MIN_STATIC_ELEMENTS (a 256 x 256 weight) the Einsum stays;
+        a 768 x 768 weight is flattened. Both match TF."""
+        gen = rng(9990)
+        for hidden, flattened in ((256, False), (768, True)):
+            sig = [tf.TensorSpec((None, None, hidden), tf.float32),
+                   tf.TensorSpec((hidden, hidden // 64, 64), tf.float32)]
+
+            @tf.function(input_signature=sig)
+            def f(x, w):
+                return tf.einsum("abc,cde->abde", x, w)
+
+            opt = fs.optimize(f)
+            # scaled so that each output is of order 1 (a sum of `hidden` products)
+            x = random(gen, (2, 3, hidden), "float32") / hidden ** 0.5
+            w = random(gen, (hidden, hidden // 64, 64), "float32")
+            assert_same(self, quiet_call(opt, x, w), f(x, w), "chain", rtol=1e-5, atol=1e-5)
+            self.assertEqual("Einsum" not in _graph_ops(opt.graph_def), flattened, hidden)
 
 
 if __name__ == "__main__":
