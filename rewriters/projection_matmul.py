@@ -125,23 +125,19 @@ def matmul_equation(rank_x: int, rank_y: int, adj_x: bool, adj_y: bool) -> Optio
 
 
 def _equation(node, types) -> Optional[str]:
+    """The product `node` computes as an equation, where it is one of a
+    floating dtype that this rewrite may take, else None."""
+    if node.op not in ("Einsum", "BatchMatMulV2") or node.attr["T"].type not in _FLOATS:
+        return None   # (the op first: reading a missing attr would add it to the node)
     if node.op == "Einsum" and node.attr["N"].i == 2:
         return node.attr["equation"].s.decode()
-    if node.op in ("BatchMatMulV2", "BatchMatMulV3") and node.attr["T"].type in _FLOATS:
-        if node.op == "BatchMatMulV3" and not (node.attr["Ta"].type == node.attr["Tb"].type
-                                               == node.attr["Tout"].type):
-            return None
+    if node.op == "BatchMatMulV2":
         ranks = [getattr(types.get(parse_input(s)[:2]), "rank", None)
                  for s in node.input[:2]]
         if None in ranks:
             return None
         return matmul_equation(*ranks, node.attr["adj_x"].b, node.attr["adj_y"].b)
     return None
-
-
-def _dtype_ok(node) -> bool:
-    key = "Ta" if node.op == "BatchMatMulV3" else "T"
-    return node.attr[key].type in _FLOATS
 
 
 def _group_size(shape: Sequence[Optional[int]], labels: str, group: str) -> Optional[int]:
@@ -164,7 +160,7 @@ def _flattenable(shape, labels: str, rows: str, cols: str) -> bool:
 
 
 def candidates(graph_def) -> bool:
-    return any(n.op in ("Einsum", "BatchMatMulV2", "BatchMatMulV3") for n in graph_def.node)
+    return any(n.op in ("Einsum", "BatchMatMulV2") for n in graph_def.node)
 
 
 def rewrite(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
@@ -175,7 +171,7 @@ def rewrite(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
     plans = {}
     for node in graph_def.node:
         equation = _equation(node, types)
-        if equation is None or not _dtype_ok(node):
+        if equation is None:
             continue
         p = plan(equation)
         operands = [types.get(parse_input(s)[:2]) for s in node.input[:2]]
@@ -219,7 +215,7 @@ class _Builder:
     def __init__(self, out, taken, types, node, control: List[str]):
         self.out, self.taken, self.types, self.node = out, taken, types, node
         self.control = control
-        self.dtype = node.attr["Ta" if node.op == "BatchMatMulV3" else "T"].type
+        self.dtype = node.attr["T"].type
 
     def add(self, suffix: str, op: str, inputs: List[str], out_type, target=None) -> str:
         t = target if target is not None else self.out.node.add()
