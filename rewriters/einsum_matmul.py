@@ -45,16 +45,26 @@ class Plan:
     batch: Tuple[str, ...]                 # the batch labels, leading in both operands
 
 
-def plan(equation: str) -> Optional[Plan]:
-    """The batch-matmul form of a two-operand equation, or None."""
+def two_operand_terms(equation: str) -> Optional[Tuple[str, str, str]]:
+    """(first operand's labels, second's, output's) of an equation with two
+    operands, an explicit output, no ellipsis and no label twice in one
+    term; else None."""
     if "." in equation or "->" not in equation:
         return None
     inputs, out = equation.replace(" ", "").split("->")
     terms = inputs.split(",")
-    if len(terms) != 2:
+    if len(terms) != 2 or any(len(set(t)) != len(t) for t in terms + [out]):
         return None
-    a, b = terms
-    if any(len(set(t)) != len(t) for t in (a, b, out)) or not set(out) <= set(a) | set(b):
+    return terms[0], terms[1], out
+
+
+def plan(equation: str) -> Optional[Plan]:
+    """The batch-matmul form of a two-operand equation, or None."""
+    terms = two_operand_terms(equation)
+    if terms is None:
+        return None
+    a, b, out = terms
+    if not set(out) <= set(a) | set(b):
         return None
     batch = [c for c in out if c in a and c in b]
     m = [c for c in a if c in out and c not in b]
@@ -101,23 +111,36 @@ def rewrite(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
             p = plan(node.attr["equation"].s.decode())
             if p is not None:
                 plans[node.name] = p
+    return apply_proven(graph_def, types, plans, _apply, origins_of,
+                        lambda p: [(d, d) for d in range(len(p.batch))])
+
+
+def apply_proven(graph_def, types, plans: Dict[str, object], apply, origins_of,
+                 equal_axes: Callable[[object], List[Tuple[int, int]]]):
+    """(GraphDef, types, number applied): `apply(graph_def, types, plans)`
+    (-> GraphDef, types, {node: its two operands}) of the plans whose
+    operands' axes `equal_axes(plan)` ((axis of the first, axis of the
+    second) pairs) are proven equal in the rewritten graph, where the
+    rewritten op no longer makes that proof; the others keep their op."""
     if not plans:
         return graph_def, types, 0
-    out, out_types, operands = _apply(graph_def, types, plans)
+    out, out_types, operands = apply(graph_def, types, plans)
+    if not any(equal_axes(p) for p in plans.values()):
+        return out, out_types, len(plans)
     origins = origins_of(out, out_types)
     proven = {name: p for name, p in plans.items()
-              if _equal_batches(origins, *operands[name], len(p.batch))}
-    if len(proven) < len(plans):   # an Einsum back adds checks: the rest stay proven
+              if _equal_axes(origins, *operands[name], equal_axes(p))}
+    if len(proven) < len(plans):   # an op put back adds its checks: the rest stay proven
         if not proven:
             return graph_def, types, 0
-        out, out_types, _ = _apply(graph_def, types, proven)
+        out, out_types, _ = apply(graph_def, types, proven)
     return out, out_types, len(proven)
 
 
-def _equal_batches(origins: DimOrigins, a: Tensor, b: Tensor, batch: int) -> bool:
+def _equal_axes(origins: DimOrigins, a: Tensor, b: Tensor, pairs) -> bool:
     dims_a, dims_b = origins.dims(a), origins.dims(b)
-    return dims_a is not None and dims_b is not None and all(
-        dims_a[d] is not None and dims_a[d] == dims_b[d] for d in range(batch))
+    return not pairs or (dims_a is not None and dims_b is not None and all(
+        dims_a[i] is not None and dims_a[i] == dims_b[j] for i, j in pairs))
 
 
 def _apply(graph_def, types, plans: Dict[str, Plan]):

@@ -46,6 +46,7 @@ import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 
 from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch.rewriters import einsum_matmul
 from tf_fusionstitch.rewriters.dim_origins import DimOrigins
 from tf_fusionstitch.rewriters.graph_view import Tensor, edited_copy, fresh_name, parse_input
 
@@ -82,15 +83,10 @@ class Plan:
 
 def plan(equation: str) -> Optional[Plan]:
     """The single-MatMul form of a two-operand equation without batch labels, or None."""
-    if "." in equation or "->" not in equation:
+    terms = einsum_matmul.two_operand_terms(equation)
+    if terms is None:
         return None
-    inputs, out = equation.replace(" ", "").split("->")
-    terms = inputs.split(",")
-    if len(terms) != 2:
-        return None
-    a, b = terms
-    if any(len(set(t)) != len(t) for t in (a, b, out)):
-        return None
+    a, b, out = terms
     if any(c in a and c in b and c in out for c in out):
         return None             # a batch label: einsum_matmul.py
     if any((c in a) + (c in b) + (c in out) != 2 for c in set(a + b + out)):
@@ -182,31 +178,10 @@ def rewrite(graph_def, types: Dict[Tensor, Optional[ir.TensorType]],
                 and _flattenable(operands[1].shape, p.b, p.k, p.n) \
                 and _static_elements(p, [t.shape for t in operands]) >= MIN_STATIC_ELEMENTS:
             plans[node.name] = p
-    if not plans:
-        return graph_def, types, 0
-    out, out_types, operands = _apply(graph_def, types, plans)
-    needs_proof = [name for name, p in plans.items() if len(p.k) > 1]
-    if needs_proof:
-        origins = origins_of(out, out_types)
-        unproven = {name for name in needs_proof
-                    if not _equal_k(origins, *operands[name], plans[name])}
-        if unproven:
-            plans = {name: p for name, p in plans.items() if name not in unproven}
-            if not plans:
-                return graph_def, types, 0
-            out, out_types, _ = _apply(graph_def, types, plans)
-    return out, out_types, len(plans)
-
-
-def _equal_k(origins: DimOrigins, a: Tensor, b: Tensor, p: Plan) -> bool:
-    dims_a, dims_b = origins.dims(a), origins.dims(b)
-    if dims_a is None or dims_b is None:
-        return False
-    for c in p.k:
-        da, db = dims_a[p.a.index(c)], dims_b[p.b.index(c)]
-        if da is None or da != db:
-            return False
-    return True
+    # Several K labels: their sizes must be proven equal (one K: MatMul checks it).
+    return einsum_matmul.apply_proven(
+        graph_def, types, plans, _apply, origins_of,
+        lambda p: [(p.a.index(c), p.b.index(c)) for c in p.k] if len(p.k) > 1 else [])
 
 
 class _Builder:

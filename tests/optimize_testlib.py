@@ -177,6 +177,14 @@ def fused_clusters_with(opt, op_type: str) -> list:
     return [c for c in opt.report().fused_clusters if any(t == op_type for _, t in c.tf_ops)]
 
 
+def graph_ops(graph_def) -> list:
+    """The op types of a GraphDef's nodes and of its library's functions' nodes."""
+    ops = [n.op for n in graph_def.node]
+    for f in graph_def.library.function:
+        ops += [n.op for n in f.node_def]
+    return ops
+
+
 def fusion_stitch_nodes(graph_def) -> list:
     nodes = [n for n in graph_def.node if n.op == "FusionStitch"]
     for f in graph_def.library.function:

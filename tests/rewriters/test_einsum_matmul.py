@@ -4,7 +4,8 @@ and shapes Keras' attention writes, fresh random inputs, TF's results."""
 
 import tensorflow as tf
 
-from tests.optimize_testlib import (assert_same, fused_clusters_with, quiet_call, random, rng)
+from tests.optimize_testlib import (assert_same, fused_clusters_with, graph_ops, quiet_call,
+                                    random, rng)
 from tf_fusionstitch.rewriters import einsum_matmul
 import tf_fusionstitch as fs
 
@@ -19,13 +20,6 @@ EQUATIONS = [
     ("bji,bkj->bik", (3, 5, 4), (3, 6, 5)),
     ("ij,jk->ki", (4, 5), (5, 6)),
 ]
-
-
-def _graph_ops(graph_def):
-    ops = [n.op for n in graph_def.node]
-    for f in graph_def.library.function:
-        ops += [n.op for n in f.node_def]
-    return ops
 
 
 class PlanTest(tf.test.TestCase):
@@ -63,7 +57,7 @@ class EinsumMatmulTest(tf.test.TestCase):
             x, y = random(gen, sa, "float32"), random(gen, sb, "float32")
             assert_same(self, quiet_call(opt, x, y), f(x, y), "chain", msg=equation,
                         rtol=1e-5, atol=1e-5)
-            self.assertNotIn("Einsum", _graph_ops(opt.graph_def), equation)
+            self.assertNotIn("Einsum", graph_ops(opt.graph_def), equation)
 
     def test_keras_attention_head_transposes_fuse_with_their_bias_adds(self):
         """Keras' MultiHeadAttention at a dynamic batch and sequence: the
@@ -83,7 +77,7 @@ class EinsumMatmulTest(tf.test.TestCase):
             x = random(gen, (batch, seq, 12), "float32")
             assert_same(self, quiet_call(opt, x), attend(x), "chain", rtol=1e-5, atol=1e-6,
                         msg=f"{batch}x{seq}")
-        ops = _graph_ops(opt.graph_def)
+        ops = graph_ops(opt.graph_def)
         self.assertIn("BatchMatMulV2", ops)
         fused = fused_clusters_with(opt, "Transpose")
         self.assertNotEmpty(fused, str(opt.report()))
@@ -107,7 +101,7 @@ class EinsumMatmulTest(tf.test.TestCase):
         opt = fs.optimize(grads)
         x = random(gen, (2, 5, 6), "float32")
         assert_same(self, quiet_call(opt, x), grads(x), "chain", rtol=1e-5, atol=1e-5)
-        self.assertGreater(_graph_ops(opt.graph_def).count("BatchMatMulV2"), 1)
+        self.assertGreater(graph_ops(opt.graph_def).count("BatchMatMulV2"), 1)
 
     def test_unproven_batch_sizes_keep_the_einsum_and_its_error(self):
         """Operands from separate inputs: their batch sizes are not proven
@@ -122,7 +116,7 @@ class EinsumMatmulTest(tf.test.TestCase):
         gen = rng(9400)
         q, k = random(gen, (2, 5, 3, 4), "float32"), random(gen, (2, 6, 3, 4), "float32")
         assert_same(self, quiet_call(opt, q, k), f(q, k), "chain")
-        self.assertIn("Einsum", _graph_ops(opt.graph_def))
+        self.assertIn("Einsum", graph_ops(opt.graph_def))
         with self.assertRaises(tf.errors.InvalidArgumentError):
             opt(random(gen, (1, 5, 3, 4), "float32"), k)
 

@@ -8,7 +8,7 @@ from unittest import mock
 import numpy as np
 import tensorflow as tf
 
-from tests.optimize_testlib import assert_same, quiet_call, random, rng
+from tests.optimize_testlib import assert_same, graph_ops, quiet_call, random, rng
 from tf_fusionstitch.rewriters import projection_matmul
 import tf_fusionstitch as fs
 
@@ -25,13 +25,6 @@ EQUATIONS = [
     ("abde,cde->abc", (None, None, 3, 4), (6, 3, 4)),   # the projection's input gradient
     ("cd,abd->abc", (6, 5), (None, None, 5)),           # the weight first
 ]
-
-
-def _graph_ops(graph_def):
-    ops = [n.op for n in graph_def.node]
-    for f in graph_def.library.function:
-        ops += [n.op for n in f.node_def]
-    return ops
 
 
 def _concrete(shape, first: int, second: int):
@@ -97,7 +90,7 @@ class ProjectionMatmulTest(tf.test.TestCase):
                 self.assertEqual(got.shape, want.shape, equation)
                 assert_same(self, got, want, "chain", msg=f"{equation} {first}x{second}",
                             rtol=1e-5, atol=1e-5)
-            ops = _graph_ops(opt.graph_def)
+            ops = graph_ops(opt.graph_def)
             self.assertNotIn("Einsum", ops, equation)
             self.assertEqual(ops.count("MatMul"), 1, equation)
 
@@ -122,7 +115,7 @@ class ProjectionMatmulTest(tf.test.TestCase):
                 w = random(gen, _concrete(sb, first, second), "float32")
                 assert_same(self, quiet_call(opt, x, w), f(x, w), "chain", rtol=1e-5,
                             atol=1e-5, msg=str((sa, sb, adj_a, adj_b)))
-            ops = _graph_ops(opt.graph_def)
+            ops = graph_ops(opt.graph_def)
             self.assertNotIn("BatchMatMulV2", ops)
             self.assertIn("MatMul", ops)
 
@@ -139,7 +132,7 @@ class ProjectionMatmulTest(tf.test.TestCase):
             x, w = random(gen, (3, 4, 8), dtype), random(gen, (8, 2, 3), dtype)
             assert_same(self, quiet_call(opt, x, w), f(x, w), "chain", rtol=tol, atol=tol,
                         msg=dtype)
-            self.assertNotIn("Einsum", _graph_ops(opt.graph_def), dtype)
+            self.assertNotIn("Einsum", graph_ops(opt.graph_def), dtype)
 
     def test_keras_einsum_dense_train_step_gradients(self):
         """EinsumDense projections and their gradients (einsums whose K is
@@ -166,7 +159,7 @@ class ProjectionMatmulTest(tf.test.TestCase):
             for got, want in zip(quiet_call(opt, x), grads(x)):
                 assert_same(self, got, want, "chain", rtol=1e-5, atol=1e-5,
                             msg=f"{batch}x{seq}")
-        ops = _graph_ops(opt.graph_def)
+        ops = graph_ops(opt.graph_def)
         self.assertNotIn("Einsum", ops)
         # 2 products and 3 gradients (x's own is not asked for, and pruned)
         self.assertEqual(ops.count("MatMul"), 5)
@@ -188,7 +181,7 @@ class ProjectionMatmulTest(tf.test.TestCase):
         gen = rng(9900)
         h, x = random(gen, (2, 5, 3, 4), "float32"), random(gen, (2, 5, 6), "float32")
         assert_same(self, quiet_call(opt, h, x), f(h, x), "chain", rtol=1e-5, atol=1e-5)
-        self.assertNotIn("Einsum", _graph_ops(opt.graph_def))
+        self.assertNotIn("Einsum", graph_ops(opt.graph_def))
         self.assertEqual(opt.report().kernels_after, 1, str(opt.report()))
 
     def test_unproven_k_sizes_keep_the_einsum_and_its_error(self):
@@ -206,7 +199,7 @@ class ProjectionMatmulTest(tf.test.TestCase):
         gen = rng(9950)
         x, y = random(gen, (2, 3, 4), "float32"), random(gen, (2, 3, 5), "float32")
         assert_same(self, quiet_call(opt, x, y), f(x, y), "chain", rtol=1e-5, atol=1e-5)
-        self.assertIn("Einsum", _graph_ops(opt.graph_def))
+        self.assertIn("Einsum", graph_ops(opt.graph_def))
         with self.assertRaises(tf.errors.InvalidArgumentError):
             opt(x, random(gen, (3, 2, 5), "float32"))
 
@@ -230,7 +223,7 @@ class SizeThresholdTest(tf.test.TestCase):
             x = random(gen, (2, 3, hidden), "float32") / hidden ** 0.5
             w = random(gen, (hidden, hidden // 64, 64), "float32")
             assert_same(self, quiet_call(opt, x, w), f(x, w), "chain", rtol=1e-5, atol=1e-5)
-            self.assertEqual("Einsum" not in _graph_ops(opt.graph_def), flattened, hidden)
+            self.assertEqual("Einsum" not in graph_ops(opt.graph_def), flattened, hidden)
 
 
 if __name__ == "__main__":
