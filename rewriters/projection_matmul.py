@@ -19,20 +19,21 @@ the output's order. The reshapes and transposes are memory-intensive ops
 the fusion pass may then put in a neighbour's kernel.
 
 Rewritten: two operands of a floating dtype, no ellipsis, no label twice in
-one term, every label in two of the three terms, no batch label, M, K and N
-not empty, and each operand's two groups with at most one unknown size
-between them... per group: a group of unknown sizes flattens to -1, so the
-other must be static (and not of size 0). Where K has several labels, their
-sizes in the two operands must be proven equal (dim_origins.py): the
-flattened product would only check their product, where Einsum raises.
-Small projections are left as they are too: the flattening costs a few
-shape ops per product, which a small product does not repay. Measured on the
-Xeon, interleaved, Einsum's time over the flattened product's at [4,128,H] x
+one term, every label in two of the three terms, no batch label, and M, K
+and N not empty. An operand's group with an unknown size flattens to -1, so
+its other group must be static (and not of size 0). Where K has several
+labels, their sizes in the two operands must be proven equal
+(dim_origins.py): the flattened product would only check their product,
+where Einsum raises.
+
+Small projections are left as they are: the flattening adds a few shape ops
+per product, which a small product does not repay. Measured on the Xeon,
+interleaved, Einsum's time over the flattened product's at [4,128,H] x
 [H,H/64,64]: 0.95x at H=256, 0.93x at 384, 0.97x at 512, 1.02x at 768,
-3.10x at 3072. So a product is rewritten only where its statically sized labels hold
-at least MIN_STATIC_ELEMENTS (a weight's K x N; 768 x 768 is 589,824).
-Anything else is left as it is (rewriters/einsum_matmul.py takes the
-products with batch labels).
+3.10x at 3072. So a product is rewritten only where its statically sized
+labels hold at least MIN_STATIC_ELEMENTS (a weight's K x N; 768 x 768 is
+589,824). Anything else is left as it is (rewriters/einsum_matmul.py takes
+the products with batch labels).
 """
 
 from __future__ import annotations
