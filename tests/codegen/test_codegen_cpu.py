@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tf_fusionstitch import fusion_ir as ir
+from tf_fusionstitch.codegen import printer
 from tf_fusionstitch.kernels import build_cpu_kernel
 from tf_fusionstitch.runtime.cpu_kernel import KernelShapeError, as_dtype
 from tf_fusionstitch.schedule import UnsupportedCluster, build_schedule
@@ -18,6 +19,13 @@ from test_column_reductions import column_softmax
 T, op = ir.TensorType, ir.make_op
 N = None
 RNG = np.random.default_rng(1234)
+
+
+@pytest.fixture(autouse=True)
+def streaming_at_any_static_size(monkeypatch):
+    """Kernels of small static outputs get their streaming loops too, so
+    that run() covers them (printer.STREAM_MIN_BYTES)."""
+    monkeypatch.setattr(printer, "STREAM_MIN_BYTES", 0)
 
 
 def run(cluster, inputs, threads=2):
@@ -100,6 +108,18 @@ def test_forwarded_output_is_stored_after_every_load_of_its_input():
     np.testing.assert_array_equal(z, np.where(k, -a, m))
 
 
+@pytest.mark.parametrize("rows,streams", [(None, True), (4, False), (4096, True)])
+def test_streaming_loops_only_where_outputs_can_reach_the_threshold(monkeypatch, rows,
+                                                                     streams):
+    """A kernel whose float32 outputs are statically below the default
+    threshold (4 x 1024 x 4 bytes) has no streaming loop, which it would
+    never run; one of unknown rows or of 4096 x 1024 x 4 bytes = 16 MiB has."""
+    monkeypatch.setattr(printer, "STREAM_MIN_BYTES", 16 << 20)
+    full = T("float32", (rows, 1024))
+    c = ir.Cluster((("x", full),), (op("y", "tanh", ["x"], full),), ("y",))
+    assert ("fs_stream_f32(&" in build_cpu_kernel(c).source) == streams
+
+
 @pytest.mark.parametrize("width", [1000, 10000])
 def test_streaming_stores_give_the_same_bits(width):
     """Large float32 outputs go out with streaming stores in whole vectors, the
@@ -110,7 +130,7 @@ def test_streaming_stores_give_the_same_bits(width):
         (op("p", "mul", ["a", "b"], T("float32", (N, width))),
          op("y", "tanh", ["p"], T("float32", (N, width)))), ("y", "p"))
     kernel = build_cpu_kernel(c)
-    assert "fs_stream_f32(" in kernel.source
+    assert "fs_stream_f32(&" in kernel.source  # a streaming loop, not the prelude
     types = c.types()
     runner = kernel.runner([as_dtype(types[o].dtype) for o in c.outputs])
     inputs = [RNG.standard_normal((5, width if width == 1000 else 1), dtype=np.float32)]

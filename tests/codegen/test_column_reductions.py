@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tf_fusionstitch import fusion_ir as ir
-from tf_fusionstitch.codegen import kernel_ir
+from tf_fusionstitch.codegen import kernel_ir, printer
 from tf_fusionstitch.kernels import build_cpu_kernel
 from tf_fusionstitch.runtime.cpu_kernel import as_dtype
 from tf_fusionstitch.schedule import build_schedule
@@ -17,6 +17,11 @@ T, op = ir.TensorType, ir.make_op
 N = None
 RNG = np.random.default_rng(77)
 LANES = kernel_ir.CPU_LANES
+
+
+@pytest.fixture(autouse=True)
+def streaming_at_any_static_size(monkeypatch):
+    monkeypatch.setattr(printer, "STREAM_MIN_BYTES", 0)   # run() covers streaming too
 
 
 def run(cluster, inputs, threads=2):

@@ -53,6 +53,13 @@ def operand_class(dtype: str) -> str:
     return "int" if dtype in ir.INT_DTYPES else "bool"
 
 
+# Float32 outputs of at least this many bytes per call are streamed by
+# default (the prelude's fs_stream_min_bytes; fs_set_stream_min_bytes moves
+# it). A kernel whose outputs are statically smaller has no streaming loop:
+# it would never run, and it is a third of such a kernel's compile time.
+STREAM_MIN_BYTES = 16 << 20
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
     name: str
@@ -132,7 +139,7 @@ static inline bool fs_stream_aligned(const float* p) {
 #endif
 // Outputs of at least this many bytes per call are streamed (they would not
 // stay in cache for the next op anyway); fs_set_stream_min_bytes changes it.
-static int64_t fs_stream_min_bytes = 16 << 20;
+static int64_t fs_stream_min_bytes = """ + str(STREAM_MIN_BYTES) + r""";
 extern "C" __attribute__((visibility("default"))) void fs_set_stream_min_bytes(int64_t n) {
   fs_stream_min_bytes = n;
 }
@@ -586,7 +593,7 @@ class KernelPrinter:
         for line in tensor_pointers([(tn.dtype, tn.is_output) for tn in kr.tensors], self.t):
             e(line, 1)
         self.declare_extents(1)
-        self.streaming = self.t.streaming_stores and any(
+        self.streaming = self.t.streaming_stores and not self.statically_small() and any(
             self.streamed(kr.loops[k], kr.accumulators[k]) for k in range(len(kr.loops)))
         if self.streaming:
             sizes = [" * ".join(f"g{g}" for g in tn.groups) or "1"
@@ -783,6 +790,20 @@ class KernelPrinter:
                 if getattr(st, "dst", None) == name:
                     return COMPUTE[st.dtype]
         raise KeyError(name)
+
+    def statically_small(self) -> bool:
+        """Whether the float32 outputs' sizes are all known and together
+        below STREAM_MIN_BYTES, so that they never stream at the default
+        threshold."""
+        kr = self.k
+        total = 0
+        for tn in kr.tensors:
+            if tn.is_output and tn.dtype == "float32":
+                extents = [kr.static_extents[a] for g in tn.groups for a in kr.group_extents[g]]
+                if None in extents:
+                    return False
+                total += math.prod(extents)
+        return total * 4 < STREAM_MIN_BYTES
 
     def streamed(self, stmts: list, accs: list) -> list:
         """Stores of a loop that can stream: float32, unit stride in the
