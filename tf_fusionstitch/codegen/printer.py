@@ -597,7 +597,7 @@ class KernelPrinter:
             self.streamed(kr.loops[k], kr.accumulators[k]) for k in range(len(kr.loops)))
         if self.streaming:
             sizes = [" * ".join(f"g{g}" for g in tn.groups) or "1"
-                     for tn in kr.tensors if tn.is_output and tn.dtype == "float32"]
+                     for tn in self.float32_outputs()]
             e("const bool fs_big = (" + " + ".join(f"({z})" for z in sizes)
               + ") * 4 >= fs_stream_min_bytes; (void)fs_big;", 1)
         for pool, bufs in (("b", kr.buffers), ("h", kr.hoisted)):
@@ -791,18 +791,22 @@ class KernelPrinter:
                     return COMPUTE[st.dtype]
         raise KeyError(name)
 
+    def float32_outputs(self) -> list:
+        """The outputs whose bytes decide streaming, at run time (fs_big) and
+        at generation time (statically_small): the same list for both."""
+        return [tn for tn in self.k.tensors if tn.is_output and tn.dtype == "float32"]
+
     def statically_small(self) -> bool:
         """Whether the float32 outputs' sizes are all known and together
         below STREAM_MIN_BYTES, so that they never stream at the default
         threshold."""
         kr = self.k
         total = 0
-        for tn in kr.tensors:
-            if tn.is_output and tn.dtype == "float32":
-                extents = [kr.static_extents[a] for g in tn.groups for a in kr.group_extents[g]]
-                if None in extents:
-                    return False
-                total += math.prod(extents)
+        for tn in self.float32_outputs():
+            extents = [kr.static_extents[a] for g in tn.groups for a in kr.group_extents[g]]
+            if None in extents:
+                return False
+            total += math.prod(extents)
         return total * 4 < STREAM_MIN_BYTES
 
     def streamed(self, stmts: list, accs: list) -> list:
