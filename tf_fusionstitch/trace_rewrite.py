@@ -24,7 +24,7 @@ from tf_fusionstitch import graph_check, kernels, rewrite_cache, trace_names
 from tf_fusionstitch.options import FusionOptions
 from tf_fusionstitch.report import PlanGraph, Report
 from tf_fusionstitch.rewriters import (cpu_cost_model, cpu_costs, decided_shapes,
-                                       function_bodies, grappler, shapes)
+                                       function_bodies, optimized_traces)
 from tf_fusionstitch.rewriters.fusion_pass import run_fusion_pass
 from tf_fusionstitch.rewriters.graph_view import parse_input, tensor_name
 from tf_fusionstitch.runtime import cache, cpu_compiler, gc_pause
@@ -113,10 +113,9 @@ def _rewrite(concrete, inputs: InputSizes, options: FusionOptions, name: str):
             report.graph = PlanGraph.of(entry.graph_def)
             report.rewrite_seconds = time.perf_counter() - start
             return entry.graph_def, entry.output_names, report
-    if options.grappler:
-        graph_def = grappler.run_grappler(graph_def, graph, outputs + control)
     hints = {tensor: tf.TensorSpec(shape, dtype) for tensor, (dtype, shape) in known.items()}
-    types = shapes.infer_types(graph_def, hints)
+    graph_def, types = optimized_traces.optimized_and_typed(graph, graph_def, outputs + control,
+                                                            hints, options.grappler)
     equalities = decided_shapes.InputEqualities(inputs.allowed)
     fetches = set()
     for tensor in outputs:
