@@ -240,9 +240,13 @@ def _input_map(concrete, n_args: int, feeds, rewritten) -> dict:
     graph = concrete.graph
     present = {node.name for node in rewritten.node}
     input_map = {t.name: f for t, f in zip(graph.inputs[:n_args], feeds)}
+    # The trace being built captures each value as a placeholder of its own; a
+    # capture is a third of the cost of tf.identity's (which adds an op to it),
+    # and a train step captures every variable's handle (NASNetMobile: 1,500).
+    capture = getattr(tf.compat.v1.get_default_graph(), "capture", tf.identity)
     for placeholder, captured in zip(graph.inputs[n_args:], concrete.captured_inputs):
         if placeholder.op.name in present:
-            input_map[placeholder.name] = tf.identity(captured)
+            input_map[placeholder.name] = capture(captured)
     return input_map
 
 
