@@ -6,9 +6,9 @@ explore's plan and the XLA-rule plan its first calls are timed against
 is shape-generic. Grappler and TF's shape inference are the dearest part of
 that start (NASNetMobile's train step under cProfile: 4.5 s and 3.2 s of a
 26 s rewrite), and they depend only on the trace and on whether Grappler
-runs. So the result is kept for the few latest traces, as long as each
-trace's graph lives (a weak reference), and every rewrite gets its own copy:
-the passes edit both in place.
+runs. So the result is kept for the few latest traces whose graphs still
+live (a weak reference), and every rewrite gets its own copy: the passes edit
+both in place.
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ def optimized_and_typed(graph, graph_def, fetches: Sequence[str],
         found = (optimized, shapes.infer_types(optimized, hints))
         with _lock:
             computed += 1
+            for dead in [k for k, e in _kept.items() if e[0]() is None]:
+                del _kept[dead]   # a trace gone: its GraphDef goes with it
             _kept[key] = (weakref.ref(graph), *found)
             _kept.move_to_end(key)
             while len(_kept) > KEPT:
