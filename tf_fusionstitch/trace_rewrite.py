@@ -243,10 +243,14 @@ def _input_map(concrete, n_args: int, feeds, rewritten) -> dict:
     # The trace being built captures each value as a placeholder of its own; a
     # capture is a third of the cost of tf.identity's (which adds an op to it),
     # and a train step captures every variable's handle (NASNetMobile: 1,500).
-    capture = getattr(tf.compat.v1.get_default_graph(), "capture", tf.identity)
+    # Named after the traced placeholder, so that two traces of the function
+    # name their captures alike (the planner places a step's ops by name).
+    outer = tf.compat.v1.get_default_graph()
     for placeholder, captured in zip(graph.inputs[n_args:], concrete.captured_inputs):
         if placeholder.op.name in present:
-            input_map[placeholder.name] = capture(captured)
+            input_map[placeholder.name] = (
+                outer.capture(captured, name=placeholder.op.name) if hasattr(outer, "capture")
+                else tf.identity(captured))
     return input_map
 
 
