@@ -399,10 +399,24 @@ def _identity(ctx):
 
 
 def _reshape_to_output(ctx):
-    """Reshape, ExpandDims, Squeeze: fused when they only add or drop size-1 dims."""
+    """ExpandDims, Squeeze (and Reshape, below): fused when they only add or
+    drop size-1 dims, the other dims keeping their order."""
     x = ctx.input(0)
     out = ctx.out_type(0)
     return [ctx.emit("reshape", [x], out, shape=list(out.shape))]
+
+
+def _reshape(ctx):
+    """A Reshape keeps its sizes in order only where its types prove it: with
+    at most one size unknown when optimized, the known ones and the element
+    count fix it. With two, the target may place them otherwise (keras_hub's
+    XLNet reshapes its [batch, seq] mask to [seq, batch]); a Reshape that
+    rewriters/decided_shapes.py proved to keep them is an Identity by now."""
+    unknown = sum(d is None for d in ctx.type_of(ctx.input(0)).shape)
+    if unknown > 1:
+        raise NotFusible(f"a Reshape of {unknown} sizes unknown when optimized "
+                         "(where each goes is not known)")
+    return _reshape_to_output(ctx)
 
 
 def _transpose(ctx):
@@ -474,7 +488,7 @@ OP_TABLE: Dict[str, OpRule] = {
     # Forward-only graphs: StopGradient is Identity (Keras LayerNormalization
     # puts one between the mean and the variance).
     "StopGradient": OpRule(SHAPE, _identity),
-    "Reshape": OpRule(SHAPE, _reshape_to_output, static_inputs=(1,)),
+    "Reshape": OpRule(SHAPE, _reshape, static_inputs=(1,)),
     "ExpandDims": OpRule(SHAPE, _reshape_to_output, static_inputs=(1,)),
     "Squeeze": OpRule(SHAPE, _reshape_to_output),
     "BroadcastTo": OpRule(SHAPE, _broadcast_to, static_inputs=(1,)),

@@ -321,6 +321,28 @@ class GradientTest(tf.test.TestCase):
         self.assertNotEmpty(_bga_sums(opt.graph_def))
 
 
+class ComputedReshapeTest(tf.test.TestCase):
+
+    def test_a_reshape_that_swaps_two_unknown_sizes_stays_tfs(self):
+        # keras_hub's XLNet reshapes its [batch, seq] mask to [seq, batch]: the
+        # types ([None, None] both) cannot tell it from one that keeps them in place.
+        @tf.function(input_signature=[tf.TensorSpec([None, None])])
+        def masks(mask):
+            shape = tf.shape(mask)
+            swapped = tf.reshape(1.0 - mask, [shape[1], shape[0]])     # [seq, batch]
+            data = tf.cast(tf.expand_dims(tf.expand_dims(swapped, 0), -1) > 0, tf.int32)
+            positions = tf.range(shape[1])
+            eye = tf.where(positions[:, None] == positions[None, :], 1, 0)   # [seq, seq]
+            joined = data + tf.expand_dims(tf.expand_dims(-eye, -1), -1)    # [seq, seq, batch, 1]
+            return tf.cast(joined > 0, tf.float32) * 2.0 + 1.0
+
+        opt = fs.optimize(masks)
+        for batch, seq in ((2, 5), (3, 3), (4, 1)):
+            mask = tf.cast(random(rng(batch), (batch, seq), "float32") > 0, tf.float32)
+            self.assertAllEqual(masks(mask), quiet_call(opt, mask))
+        self.assertLess(opt.report().kernels_after, opt.report().kernels_before)
+
+
 if __name__ == "__main__":
     tf.test.main()
 
