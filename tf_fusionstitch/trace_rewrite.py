@@ -245,12 +245,11 @@ def _input_map(concrete, n_args: int, feeds, rewritten) -> dict:
     # and a train step captures every variable's handle (NASNetMobile: 1,500).
     # Named after the traced placeholder, so that two traces of the function
     # name their captures alike (the planner places a step's ops by name).
+    # import_plan runs inside the optimized tf.function's trace: a FuncGraph.
     outer = tf.compat.v1.get_default_graph()
     for placeholder, captured in zip(graph.inputs[n_args:], concrete.captured_inputs):
         if placeholder.op.name in present:
-            input_map[placeholder.name] = (
-                outer.capture(captured, name=placeholder.op.name) if hasattr(outer, "capture")
-                else tf.identity(captured))
+            input_map[placeholder.name] = outer.capture(captured, name=placeholder.op.name)
     return input_map
 
 

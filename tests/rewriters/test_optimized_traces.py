@@ -49,7 +49,7 @@ class SharedStartTest(tf.test.TestCase):
         fn = _norm_step()
         before = optimized_traces.computed
         _plan(self, fn, fusion="stitch")
-        xla_like, report = _plan(self, fn, fusion="xla_like")
+        _, report = _plan(self, fn, fusion="xla_like")
         self.assertEqual(optimized_traces.computed - before, 1)
         self.assertLess(report.kernels_after, report.kernels_before)
 
