@@ -2,6 +2,7 @@
 
   python benchmarks/first_call.py --models=mobilenet_v2,bert --sizes=tiny,real
   python benchmarks/first_call.py --models=mobilenet_v2 --sizes=tiny --profile=/tmp/prof
+  python benchmarks/first_call.py --models=all --sizes=real --background=false
 
 Each (model, size) runs in a fresh process (imports, op registry and Python
 caches as a user's first run has them) and measures, in this order, the
@@ -20,7 +21,9 @@ first call (tracing, instantiation and one step; batch 2, text sequence 16) of:
             rewrite compiles on a thread (tf_fusionstitch/background.py);
             `ready` is the time from that call's start until the optimized
             function is ready (OptimizedFunction.wait), after which calls
-            run it.
+            run it. Left out with --background=false (a shorter sweep).
+
+--models=all: every zoo model (benchmarks/zoo).
 
 Wall time and CPU time (this process plus the compilers it waited for) of
 each; the machine is shared, so CPU time is the steadier number. With
@@ -59,7 +62,7 @@ def _fresh_dir(root: pathlib.Path, label: str) -> str:
     return str(path)
 
 
-def child(name: str, size: str, profile: str, oplib_dir: str) -> dict:
+def child(name: str, size: str, profile: str, oplib_dir: str, background: bool) -> dict:
     sys.path.insert(0, str(_REPO))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
@@ -111,6 +114,13 @@ def child(name: str, size: str, profile: str, oplib_dir: str) -> dict:
         row[f"{label}_kernels"] = [report.kernels_before, report.kernels_after]
         row[f"{label}_cache_hit"] = bool(report.cache_hit)
         row[f"{label}_fallbacks"] = len(report.fallbacks)
+    if background:
+        _background_call(fs, fresh, args, root, row)
+    shutil.rmtree(root, ignore_errors=True)
+    return row
+
+
+def _background_call(fs, fresh, args, root: pathlib.Path, row: dict) -> None:
     os.environ["TF_FUSIONSTITCH_CACHE_DIR"] = _fresh_dir(root, "background")
     started = time.perf_counter()
     fast = fs.optimize(fresh(), background=True)
@@ -120,12 +130,19 @@ def child(name: str, size: str, profile: str, oplib_dir: str) -> dict:
     report = fast.report()
     row["bg_kernels"] = None if report is None else [report.kernels_before,
                                                      report.kernels_after]
-    shutil.rmtree(root, ignore_errors=True)
-    return row
 
 
-def _fmt(row, key):
-    return f"{row[key]:7.1f}" if key in row else "      -"
+def _fmt(row, key, width=7, digits=1):
+    return f"{row[key]:{width}.{digits}f}" if key in row else " " * (width - 1) + "-"
+
+
+def _model_names(value: str) -> list:
+    if value != "all":
+        return value.split(",")
+    sys.path.insert(0, str(_REPO))
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # the registry imports TF
+    from benchmarks.zoo import NAMES
+    return list(NAMES)
 
 
 def main():
@@ -133,12 +150,15 @@ def main():
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--sizes", default="tiny,real")
     parser.add_argument("--profile", default="")
+    parser.add_argument("--background", default="true", choices=("true", "false"),
+                        help="also time optimize(..., background=True)")
     parser.add_argument("--out", default="", help="append JSON rows to this file")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
     parser.add_argument("--oplib_dir", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print("ROW " + json.dumps(child(*args.child, args.profile, args.oplib_dir)), flush=True)
+        print("ROW " + json.dumps(child(*args.child, args.profile, args.oplib_dir,
+                                              args.background == "true")), flush=True)
         return
 
     oplib_dir = args.oplib_dir or tempfile.mkdtemp(prefix="fs-oplib-")
@@ -148,10 +168,12 @@ def main():
           f"{'cold wall':>9} {'cold cpu':>8} {'warm wall':>9} {'warm cpu':>8} "
           f"{'cold/TF':>7} {'warm/TF':>7} {'bg wall':>7} {'bg/TF':>6} {'ready':>6} kernels",
           flush=True)
+    rows_done = []
     for size in args.sizes.split(","):
-        for name in args.models.split(","):
+        for name in _model_names(args.models):
             command = [sys.executable, __file__, "--child", name, size,
-                       "--oplib_dir", oplib_dir, "--profile", args.profile]
+                       "--oplib_dir", oplib_dir, "--profile", args.profile,
+                       "--background", args.background]
             proc = subprocess.run(command, capture_output=True, text=True)
             rows = [l[4:] for l in proc.stdout.splitlines() if l.startswith("ROW ")]
             if proc.returncode != 0 or not rows:
@@ -159,17 +181,42 @@ def main():
                       flush=True)
                 continue
             row = json.loads(rows[0])
+            if "bg_wall" in row:
+                row["bg_over_tf"] = row["bg_wall"] / row["tf_wall"]
             print(f"{name:16} {size:5} {row['tf_first_in_process_wall']:8.1f} "
                   f"{row['tf_wall']:8.1f} {row['tf_cpu']:7.1f} {row['cold_wall']:9.1f} "
                   f"{row['cold_cpu']:8.1f} {row['warm_wall']:9.1f} {row['warm_cpu']:8.1f} "
                   f"{row['cold_wall'] / row['tf_wall']:7.2f} "
-                  f"{row['warm_wall'] / row['tf_wall']:7.2f} {row['bg_wall']:7.1f} "
-                  f"{row['bg_wall'] / row['tf_wall']:6.2f} {row['bg_ready_wall']:6.1f} "
+                  f"{row['warm_wall'] / row['tf_wall']:7.2f} {_fmt(row, 'bg_wall')} "
+                  f"{_fmt(row, 'bg_over_tf', 6, 2)} "
+                  f"{_fmt(row, 'bg_ready_wall', 6)} "
                   f"{row['cold_kernels']} ({row['cold_compilations']} compiled, "
                   f"{row['cold_fallbacks']} fallbacks)", flush=True)
+            rows_done.append(row)
             if args.out:
                 with open(args.out, "a", encoding="utf-8") as f:
                     f.write(json.dumps(row) + "\n")
+    for line in _summary(rows_done):
+        print(line, flush=True)
+
+
+# What a first call may cost over TF's own: with empty caches, and with warm ones.
+BARS = {"cold": 2.0, "warm": 1.2}
+
+
+def _summary(rows: list) -> list:
+    """The worst cold and warm first call over TF's, and the rows over BARS."""
+    if not rows:
+        return []
+    lines = []
+    for label, bar in BARS.items():
+        ratios = {f"{r['model']} {r['size']}": r[f"{label}_wall"] / r["tf_wall"] for r in rows}
+        worst = max(ratios, key=ratios.get)
+        over = sorted(name for name, ratio in ratios.items() if ratio > bar)
+        lines.append(f"{label}: at most {ratios[worst]:.2f}x TF's first call ({worst}); "
+                     f"{len(over)} of {len(rows)} rows over {bar}x{': ' if over else ''}"
+                     f"{', '.join(over)}")
+    return lines
 
 
 if __name__ == "__main__":
