@@ -99,10 +99,10 @@ def _rewrite(concrete, inputs: InputSizes, options: FusionOptions, name: str):
         key = rewrite_cache.make_key(
             names.canonical(graph_def).SerializeToString(deterministic=True), outputs,
             control,
-            "\n".join([f"{tensor} {dtype.name} {shape}"
-                       for tensor, (dtype, shape) in sorted(known.items())]
-                      + [f"{name} holds {t.dtype}{list(t.shape)}"
-                         for (name, _), t in sorted(variables.items())]),
+            "\n".join(sorted(f"{names.canonical_tensor(tensor)} {dtype.name} {shape}"
+                              for tensor, (dtype, shape) in known.items())
+                       + sorted(f"{names.canonical_tensor(name)} holds {t.dtype}{list(t.shape)}"
+                                for (name, _), t in variables.items())),
             key_options, f"{tf.__version__} {tf.version.GIT_VERSION}")
         entry = rewrite_cache.load(key, register_kernel, timeout=options.compile_timeout,
                                    restore=names.specific)

@@ -187,6 +187,36 @@ class RewriteCacheTest(tf.test.TestCase):
         self.assertEqual(len(fusion_stitch_nodes(warm.graph_def)),
                          len(fusion_stitch_nodes(cold.graph_def)))
 
+    def test_a_step_calling_a_function_that_captures_a_variable_hits(self):
+        # The step's trace captures the inner function's variable as a
+        # Placeholder named by a process-wide counter, and the tape names the
+        # inner call's forward and backward functions in string attributes
+        # (Keras' grouped convolution, ConvNeXt's train step, does both).
+        scale = tf.Variable(tf.linspace(0.5, 1.5, 37))
+
+        def step(x, g):
+            @tf.function   # a new function in each trace, as Keras makes it
+            def inner(a):
+                return tf.nn.softmax(a * scale, axis=-1) * 2.0
+
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = tf.reduce_sum(inner(x * g) + tf.tanh(x))
+            return y, tape.gradient(y, x)
+
+        cold, cold_out = self._run(step)
+        self.assertFalse(cold.report().cache_hit)
+        warm, warm_out = self._run(step)
+        self.assertTrue(warm.report().cache_hit, str(warm.report()))
+        self.assertEqual(warm.report().compilations, 0)
+        for a, b in zip(warm_out, cold_out):
+            self.assertAllEqual(a, b)
+        numbered = [{n.name for n in opt.graph_def.node if n.op == "Placeholder"
+                     and n.name.rpartition("/")[2].isdigit()} for opt in (cold, warm)]
+        self.assertNotEmpty(numbered[0])
+        # Each graph reads its own trace's captures.
+        self.assertFalse(numbered[0] & numbered[1], numbered)
+
     def _damage_and_rerun(self, damage):
         cold, cold_out = self._run()
         (entry,) = _entries(self.cache)
@@ -409,6 +439,49 @@ def test_trace_names_canonical_form_is_the_same_for_two_traces():
     assert restored.SerializeToString(deterministic=True) == \
         b_sorted.SerializeToString(deterministic=True)
     assert "CustomGradient" in str(restored)
+
+
+def _traced_with_numbered_captures():
+    scale = tf.Variable([1.0, 2.0, 3.0])
+
+    def fn(x):
+        @tf.function
+        def inner(a):
+            return a * scale
+
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = tf.reduce_sum(inner(x))
+        return tape.gradient(y, x)
+    return tf.function(fn).get_concrete_function(tf.TensorSpec([3])).graph.as_graph_def()
+
+
+def _numbered_placeholders(graph_def):
+    return sorted(n.name for n in graph_def.node
+                  if n.op == "Placeholder" and n.name.rpartition("/")[2].isdigit())
+
+
+def test_trace_names_number_captures_and_call_names_by_first_use():
+    from tf_fusionstitch.trace_names import CALL_NAME_ATTRS, TraceNames
+    a, b = _traced_with_numbered_captures(), _traced_with_numbered_captures()
+    assert _numbered_placeholders(a) and _numbered_placeholders(a) != _numbered_placeholders(b)
+    names_a, names_b = TraceNames(a), TraceNames(b)
+    canonical = names_a.canonical(a)
+    assert canonical.SerializeToString(deterministic=True) == \
+        names_b.canonical(b).SerializeToString(deterministic=True)
+    assert _numbered_placeholders(canonical) == []
+    call_names = [f.attr[k].s for f in canonical.library.function for k in CALL_NAME_ATTRS
+                  if k in f.attr]
+    assert call_names and all(n.startswith(b"fs_traced_call_") for n in call_names)
+    # back to each trace's own names, and the tensors' names with them
+    restored = names_b.specific(canonical)
+    assert restored.SerializeToString(deterministic=True) == \
+        names_b.specific(names_b.canonical(b)).SerializeToString(deterministic=True)
+    (capture,) = _numbered_placeholders(b)
+    assert _numbered_placeholders(restored) == [capture]
+    assert names_b.canonical_tensor(capture + ":0") == \
+        names_a.canonical_tensor(_numbered_placeholders(a)[0] + ":0")
+    assert names_b.canonical_tensor("x:0") == "x:0"
 
 
 def test_trace_names_portable_only_when_every_function_derives_from_a_traced_one():
