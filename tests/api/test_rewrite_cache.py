@@ -154,6 +154,18 @@ class RewriteCacheTest(tf.test.TestCase):
         self.assertGreater(bodies0, 0)
         self.assertEqual(bodies0, bodies1)
 
+    def _cold_then_hit(self, step):
+        """Two new tf.functions of `step`: the first rewrites, the second hits
+        the cache, compiles nothing and gives the first's results."""
+        cold, cold_out = self._run(step)
+        self.assertFalse(cold.report().cache_hit)
+        warm, warm_out = self._run(step)
+        self.assertTrue(warm.report().cache_hit, str(warm.report()))
+        self.assertEqual(warm.report().compilations, 0)
+        for a, b in zip(warm_out, cold_out):
+            self.assertAllEqual(a, b)
+        return cold, warm
+
     def test_a_new_tf_function_of_the_same_step_hits(self):
         # tf.custom_gradient and tf.cond / while_loop functions get names
         # numbered process-wide, different in each trace (trace_names.py).
@@ -171,13 +183,7 @@ class RewriteCacheTest(tf.test.TestCase):
                 w = tf.reduce_sum(clipped(x * g) * z)
             return tf.nn.softmax(z * 3.0, axis=-1) + 0.5, tape.gradient(w, x)
 
-        cold, cold_out = self._run(step)
-        self.assertFalse(cold.report().cache_hit)
-        warm, warm_out = self._run(step)
-        self.assertTrue(warm.report().cache_hit, str(warm.report()))
-        self.assertEqual(warm.report().compilations, 0)
-        for a, b in zip(warm_out, cold_out):
-            self.assertAllEqual(a, b)
+        cold, warm = self._cold_then_hit(step)
         names = [{f.signature.name for f in opt.graph_def.library.function}
                  for opt in (cold, warm)]
         self.assertNotEmpty(names[0])
@@ -204,15 +210,8 @@ class RewriteCacheTest(tf.test.TestCase):
                 y = tf.reduce_sum(inner(x * g) + tf.tanh(x))
             return y, tape.gradient(y, x)
 
-        cold, cold_out = self._run(step)
-        self.assertFalse(cold.report().cache_hit)
-        warm, warm_out = self._run(step)
-        self.assertTrue(warm.report().cache_hit, str(warm.report()))
-        self.assertEqual(warm.report().compilations, 0)
-        for a, b in zip(warm_out, cold_out):
-            self.assertAllEqual(a, b)
-        numbered = [{n.name for n in opt.graph_def.node if n.op == "Placeholder"
-                     and n.name.rpartition("/")[2].isdigit()} for opt in (cold, warm)]
+        cold, warm = self._cold_then_hit(step)
+        numbered = [set(_numbered_placeholders(opt.graph_def)) for opt in (cold, warm)]
         self.assertNotEmpty(numbered[0])
         # Each graph reads its own trace's captures.
         self.assertFalse(numbered[0] & numbered[1], numbered)
@@ -410,12 +409,17 @@ def _traced_with_made_up_names():
     def doubled(a):
         return a * 2.0, lambda dy: dy * 2.0
 
+    return _gradient_trace(
+        lambda x: doubled(tf.cond(x[0] > 0.0, lambda: x + 1.0, lambda: x - 1.0)))
+
+
+def _gradient_trace(forward):
+    """The GraphDef of a new trace of the gradient of sum(forward(x)), x of shape [3]."""
     def fn(x):
-        y = tf.cond(x[0] > 0.0, lambda: x + 1.0, lambda: x - 1.0)
         with tf.GradientTape() as tape:
-            tape.watch(y)
-            z = tf.reduce_sum(doubled(y))
-        return tape.gradient(z, y)
+            tape.watch(x)
+            y = tf.reduce_sum(forward(x))
+        return tape.gradient(y, x)
     return tf.function(fn).get_concrete_function(tf.TensorSpec([3])).graph.as_graph_def()
 
 
@@ -423,37 +427,38 @@ def _library_names(graph_def):
     return sorted(f.signature.name for f in graph_def.library.function)
 
 
-def test_trace_names_canonical_form_is_the_same_for_two_traces():
+def _canonical_round_trip(a, b):
+    """Two traces' TraceNames, their common canonical form, and that form in
+    b's names again, which is b (its library in name order)."""
     from tf_fusionstitch.trace_names import TraceNames
-    a, b = _traced_with_made_up_names(), _traced_with_made_up_names()
-    assert _library_names(a) != _library_names(b)
     names_a, names_b = TraceNames(a), TraceNames(b)
     canonical = names_a.canonical(a)
     assert canonical.SerializeToString(deterministic=True) == \
         names_b.canonical(b).SerializeToString(deterministic=True)
-    assert "CustomGradient" not in str(canonical)
-    # and back: each trace's own names, its library in name order
     restored = names_b.specific(canonical)
-    assert _library_names(restored) == _library_names(b)
-    b_sorted = names_b.specific(names_b.canonical(b))
     assert restored.SerializeToString(deterministic=True) == \
-        b_sorted.SerializeToString(deterministic=True)
+        names_b.specific(names_b.canonical(b)).SerializeToString(deterministic=True)
+    return names_a, names_b, canonical, restored
+
+
+def test_trace_names_canonical_form_is_the_same_for_two_traces():
+    a, b = _traced_with_made_up_names(), _traced_with_made_up_names()
+    assert _library_names(a) != _library_names(b)
+    _, _, canonical, restored = _canonical_round_trip(a, b)
+    assert "CustomGradient" not in str(canonical)
+    assert _library_names(restored) == _library_names(b)
     assert "CustomGradient" in str(restored)
 
 
 def _traced_with_numbered_captures():
     scale = tf.Variable([1.0, 2.0, 3.0])
 
-    def fn(x):
-        @tf.function
+    def forward(x):
+        @tf.function   # a new function in each trace
         def inner(a):
             return a * scale
-
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = tf.reduce_sum(inner(x))
-        return tape.gradient(y, x)
-    return tf.function(fn).get_concrete_function(tf.TensorSpec([3])).graph.as_graph_def()
+        return inner(x)
+    return _gradient_trace(forward)
 
 
 def _numbered_placeholders(graph_def):
@@ -462,21 +467,15 @@ def _numbered_placeholders(graph_def):
 
 
 def test_trace_names_number_captures_and_call_names_by_first_use():
-    from tf_fusionstitch.trace_names import CALL_NAME_ATTRS, TraceNames
+    from tf_fusionstitch.trace_names import CALL_NAME_ATTRS
     a, b = _traced_with_numbered_captures(), _traced_with_numbered_captures()
     assert _numbered_placeholders(a) and _numbered_placeholders(a) != _numbered_placeholders(b)
-    names_a, names_b = TraceNames(a), TraceNames(b)
-    canonical = names_a.canonical(a)
-    assert canonical.SerializeToString(deterministic=True) == \
-        names_b.canonical(b).SerializeToString(deterministic=True)
+    names_a, names_b, canonical, restored = _canonical_round_trip(a, b)
     assert _numbered_placeholders(canonical) == []
     call_names = [f.attr[k].s for f in canonical.library.function for k in CALL_NAME_ATTRS
                   if k in f.attr]
     assert call_names and all(n.startswith(b"fs_traced_call_") for n in call_names)
-    # back to each trace's own names, and the tensors' names with them
-    restored = names_b.specific(canonical)
-    assert restored.SerializeToString(deterministic=True) == \
-        names_b.specific(names_b.canonical(b)).SerializeToString(deterministic=True)
+    # b's own names back, and the tensors' canonical names agree
     (capture,) = _numbered_placeholders(b)
     assert _numbered_placeholders(restored) == [capture]
     assert names_b.canonical_tensor(capture + ":0") == \
