@@ -1,4 +1,4 @@
-"""Python's cyclic garbage collector paused while a rewrite runs.
+"""Python's cyclic garbage collector paused while a rewrite runs (and while its plan is imported).
 
 A rewrite allocates millions of small, short-lived objects (graph views,
 lowered clusters, schedules), and each few hundred allocations start a
