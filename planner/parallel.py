@@ -112,13 +112,13 @@ def build(fn, example_inputs, cluster, plan=None, search=None, variables=()):
     # step that does not take a piece (it reshapes to its global batch) runs as one SPMD
     # program under DTensor instead: on a local cluster's DTensor clients, or refused
     # when it is fused.
-    micro = None
+    micro, not_in_pieces = None, ""
     if plan.num_stages == 1 and plan.tensor_parallel == 1 and plan.micro_batches == 1 \
             and pieces > 1 and (remote or _holds_fusion(step.graph_def)):
         try:
             micro = _micro_batch_step(fn, example_inputs, variables, step, pieces)
-        except ValueError:
-            micro = None
+        except ValueError as e:
+            not_in_pieces = str(e)
     if plan.num_stages == 1 and micro is None and (
             not remote or plan.tensor_parallel > 1 or (pieces > 1 and plan.micro_batches == 1)):
         if plan.micro_batches > 1:
@@ -126,6 +126,7 @@ def build(fn, example_inputs, cluster, plan=None, search=None, variables=()):
                              "pipeline stages: micro-batches run in pipeline plans only")
         if remote:
             return ClientMeshStep(plan, step, cluster.dtensor_clients())
+        _check_unfused(step.graph_def, not_in_pieces)
         return MeshStep(plan, step, [f"CPU:{i}" for i in range(spec.num_devices)])
     if plan.tensor_parallel > 1:
         raise ValueError(
@@ -158,9 +159,11 @@ def _micro_batch_step(fn, example_inputs, variables, step, count):
                          f"(it must take any batch size to run in micro-batches): {e}") from e
     # The plan places the whole batch's ops by name. Constants may differ (Grappler folds
     # shapes in a fused step's rewrite); an unplaced one runs where TensorFlow puts it.
+    # Placeholders are fed, not placed, and a capture's may be named by TF's counter (a
+    # nested tf.function that captures a variable, as Keras' grouped convolution is).
     ops = {node.name for node in step.graph_def.node}
     new = [node.name for node in micro.graph_def.node
-           if node.name not in ops and node.op != "Const"]
+           if node.name not in ops and node.op not in ("Const", "Placeholder")]
     if new:
         raise ValueError(f"the step traced on a micro-batch has ops the whole batch's does "
                          f"not ({', '.join(sorted(new)[:3])}), so the plan does not place it")
@@ -296,14 +299,16 @@ def _holds_fusion(graph_def):
         for node in f.node_def)
 
 
-def _check_unfused(graph_def):
+def _check_unfused(graph_def, not_in_pieces=""):
+    """`not_in_pieces`: why a data plan's step could not run placed in pieces, if it was tried."""
     if _holds_fusion(graph_def):
         raise ValueError(
             "the step holds FusionStitch ops (tf_fusionstitch.optimize fused it), which "
             "DTensor cannot partition: it has no layout propagation for them. A fused step "
             "runs under a pipeline plan (strategy='pipeline'), or a data plan if it takes "
-            "any batch size (it then runs placed, a piece of the batch per replica); or "
-            "parallelize the step before optimizing it")
+            "any batch size (it then runs placed, a piece of the batch per replica"
+            + (f"; this one does not: {not_in_pieces}" if not_in_pieces else "")
+            + "); or parallelize the step before optimizing it")
 
 
 class MeshStep(ParallelStep):

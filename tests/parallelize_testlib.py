@@ -36,7 +36,36 @@ def reference_block(seed):
     return reference_models.build_eager("transformer_block", seed=seed, **REFERENCE_SIZES)
 
 
-MODELS = {"reference": reference_block, "einsum": einsum_block}
+def nested_call_block(seed, batch=8, seq=8, hidden=16, ffn=32, lr=0.05):
+    """A step whose feed-forward layer is a tf.function of its own that captures its
+    weight, as Keras' grouped convolution is: each trace of the step captures that weight
+    again, as a placeholder named by TensorFlow's process-wide counter."""
+    rng = np.random.default_rng(seed)
+    up = tf.Variable(rng.standard_normal((hidden, ffn)).astype(np.float32) / 4, name="up")
+    down = tf.Variable(rng.standard_normal((ffn, hidden)).astype(np.float32) / 6,
+                       name="down")
+    params = [up, down]
+
+    @tf.function
+    def feed_forward(h):
+        return tf.nn.relu(h @ up)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+            h = (x - mean) * tf.math.rsqrt(variance + 1e-6)
+            loss = tf.reduce_mean(tf.square(x + feed_forward(h) @ down - y))
+        for p, g in zip(params, tape.gradient(loss, params)):
+            p.assign_sub(lr * g)
+        return loss
+
+    inputs = [tf.constant(rng.standard_normal((batch, seq, hidden)).astype(np.float32))
+              for _ in range(2)]
+    return step, inputs, {p.name: p for p in params}
+
+
+MODELS = {"reference": reference_block, "einsum": einsum_block, "nested": nested_call_block}
 
 
 # The reference block's attention key bias adds q . bk to every score of a query's row, which

@@ -7,7 +7,7 @@ styles; the combinations that do not run are refused with what to do.
 import dataclasses
 
 import parallelize_testlib as lib  # configures the logical devices first
-from parallelize_testlib import DEVICES, MODELS, einsum_block, reference_block
+from parallelize_testlib import DEVICES, MODELS, einsum_block, nested_call_block, reference_block
 
 import tensorflow as tf
 
@@ -86,6 +86,18 @@ class ParallelizeTest(lib.ParallelStepCase):
         self.assertEqual(_barrier(ops, 0, stage=3, j=0), ({0}, {0}))   # F0 -> B0
         self.assertEqual(_barrier(ops, 0, stage=3, j=1), ({0}, {1}))   # B0 -> F1
         self.assertEqual(_barrier(ops, 0, stage=0, j=3), ({3}, {0}))   # F3 -> B0
+
+    def test_micro_batches_of_a_step_calling_a_function_that_captures_a_variable(self):
+        # The trace on a micro-batch captures the weight under another counter-made name
+        # than the whole batch's trace: a placeholder, fed, so the plan still places it.
+        step, inputs, variables = nested_call_block(seed=1)
+        plan = planner.search(step, inputs, cluster="4xCPU", strategy="pipeline",
+                              variables=variables.values())
+        parallel = self.check_strategy("nested", "pipeline",
+                                        dataclasses.replace(plan, micro_batches=DEVICES))
+        ops = self.ops_run(parallel, "nested")
+        for i in range(DEVICES):
+            self.assertTrue(any(op.name.startswith(f"micro_batch_{i}/") for op in ops))
 
     def test_micro_batches_need_a_step_of_any_batch_size(self):
         # The reference block reshapes to its batch size: it does not trace on less.

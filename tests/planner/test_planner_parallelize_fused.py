@@ -30,6 +30,23 @@ class FusedParallelizeTest(lib.ParallelStepCase):
                  if op.type == "FusionStitch"}
         self.assertLen(fused, 4, "FusionStitch ops on fewer replicas' devices")
 
+    def test_fused_data_step_calling_a_function_that_captures_a_variable(self):
+        # Each trace names the nested function's capture by TF's counter; the pieces'
+        # trace must still run placed, not fall to DTensor's refusal.
+        parallel = self.check_strategy("nested", "data", fuse=True)
+        fused = {op.device for op in self.ops_run(parallel, "nested")
+                 if op.type == "FusionStitch"}
+        self.assertLen(fused, 4, "FusionStitch ops on fewer replicas' devices")
+
+    def test_fused_data_step_that_does_not_take_a_piece_says_why(self):
+        # The reference block reshapes to its batch size, so it cannot run placed in
+        # pieces; the refusal says so rather than only asking for any batch size.
+        step, inputs, variables = lib.reference_block(seed=2)
+        with self.assertRaisesRegex(ValueError, "FusionStitch ops.*this one does not: the "
+                                                "step does not trace on a micro-batch of 1"):
+            planner.parallelize(fs.optimize(step), inputs, cluster="4xCPU", strategy="data",
+                                variables=variables.values())
+
     def test_fused_step_under_dtensor_is_refused(self):
         step, inputs, variables = einsum_block(seed=2)
         with self.assertRaisesRegex(ValueError, "FusionStitch ops.*strategy='pipeline'"):
