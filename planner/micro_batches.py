@@ -1,18 +1,18 @@
 """A training step's GraphDef cut for gradient accumulation over micro-batches. TF-free.
 
 A step is forward, backward and variable writes (the optimizer's update). `split` cuts its
-GraphDef in two at the *frontier*: the data inputs of the writes that depend on the step's
-arguments (the gradients, or what the update is computed from):
+GraphDef in two at the *frontier*, the values the writes are computed from that depend
+on the step's arguments:
 
 - `compute`: everything the outputs and the frontier need, no write. It runs once per
   micro-batch.
 - `update`: the writes and what they need besides the frontier, which they read from
   placeholders instead. It runs once, fed with the frontier's mean over the micro-batches.
 
-That is one step on the whole batch when the frontier is a mean over the batch (the
-gradient of a mean loss, as the planner's cost model assumes) and the update is linear in
-it up to the writes (Adam's `ResourceApplyAdam` takes the gradient itself; SGD's
-`assign_sub(lr * g)` scales it).
+The frontier is where each path from the arguments first loses the batch axis: the
+gradients (and batch statistics). That is one step on the whole batch when those are means
+over the batch (the gradient of a mean loss, as the planner's cost model assumes): the
+optimizer's arithmetic, linear or not, runs once in the update on their mean.
 
 `pipelined` merges the pieces' compute parts into one GraphDef whose control edges make
 each pipeline stage run its micro-batches' forwards and backwards in a `schedule` (GPipe
@@ -21,6 +21,7 @@ or 1F1B). Works on GraphDef protobufs only, as `Plan.apply` does.
 
 import dataclasses
 
+from tf_fusionstitch import fusion_ir
 from tf_fusionstitch.planner import ir, op_rules
 
 
@@ -90,23 +91,21 @@ def _subgraph(graph_def, keep, renamed=None):
     return out
 
 
-def split(graph_def, args, outputs, dtype_of):
+def split(graph_def, args, outputs, dtype_of, batch_axes):
     """Cuts `graph_def` (a step with argument placeholders `args`, output tensors `outputs`,
     tensor names) at the frontier. `dtype_of(tensor name)` is the tensor's DataType enum,
-    for the update's placeholders. Raises ValueError when an output or a frontier tensor
-    depends on a write (the step would read its own update)."""
+    for the update's placeholders; `batch_axes` (batch_axes.BatchAxes) tells which axes of
+    a tensor, or of a fused kernel's values, run along the batch.
+    Raises ValueError when an output or a frontier tensor depends on a write (the step
+    would read its own update), or a write reads a value per example."""
     nodes = {node.name: node for node in graph_def.node}
     writes = [n.name for n in graph_def.node if op_rules.writes_variable(n.op)]
     data_dependent = _descendants(graph_def, [_node_of(a) for a in args])
-    frontier = []
-    for name in writes:
-        for inp in nodes[name].input:
-            if not inp.startswith("^") and _node_of(inp) in data_dependent and \
-                    _tensor_of(inp) not in frontier:
-                frontier.append(_tensor_of(inp))
+    after_writes = _descendants(graph_def, writes)
+    frontier = _frontier(nodes, writes, set(_node_of(a) for a in args), data_dependent,
+                         after_writes, batch_axes)
     # Control inputs on the writes (tf.function makes its outputs wait for every stateful
     # op) belong to the whole step, not to a micro-batch: the update runs after them all.
-    after_writes = _descendants(graph_def, writes)
     compute = _ancestors(nodes, [_node_of(t) for t in frontier + list(outputs)],
                          lambda node, inp: not (inp.startswith("^") and
                                                 _node_of(inp) in after_writes))
@@ -129,6 +128,125 @@ def split(graph_def, args, outputs, dtype_of):
         node.device = nodes[_node_of(tensor)].device
         node.attr["dtype"].type = dtype_of(tensor)
     return Split(_subgraph(graph_def, compute), update_def, frontier, placeholders, writes)
+
+
+def _frontier(nodes, writes, arg_nodes, data_dependent, after_writes, batch_axes):
+    """The tensors the writes' computation reads from the pieces, walking back from the
+    writes: each path from the arguments ends at its first value without a batch axis (a
+    mean over the batch: a gradient, batch statistics), or at an argument the pieces share.
+    Everything between those and the writes (an optimizer's arithmetic, nonlinear as
+    Adam's square of the gradient is; a slot read after its write) is the update's, so it
+    runs once on the frontier's mean, as on the whole batch. Where `batch_axes` cannot
+    tell, the walk refuses to cut."""
+    def unknown(what):
+        return ValueError(f"whether {what} has an axis along the batch cannot be told: the "
+                          "step cannot run in pieces of the batch")
+
+    def batch(tensor):
+        axes = batch_axes.of(tensor)
+        if axes is None:
+            raise unknown(tensor)
+        return bool(axes)
+
+    def a_mean(tensor):
+        node = nodes[_node_of(tensor)]
+        data = [i for i in node.input if not i.startswith("^")]
+        if batch(tensor) or not any(batch(_tensor_of(t)) for t in data):
+            return False
+        if node.op in _SIZE_OPS:
+            raise ValueError(f"the variable writes read {tensor}, the batch's size (a count of "
+                             "examples?), which a piece would give as its own: the step "
+                             "cannot run in pieces of the batch")
+        if node.op == "FusionStitch":
+            inside = batch_axes.kernel_values(node.name)
+            if None in inside.values():
+                raise unknown(f"a value of the fused kernel {node.name}")
+            _check_affine(node, tensor, [_node_of(t) in data_dependent for t in data],
+                          {v for v, axes in inside.items() if axes})
+        return True
+
+    frontier, seen, stack = [], set(), list(writes)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for inp in nodes[name].input:
+            src = _node_of(inp)
+            if inp.startswith("^"):   # ordering among the writes stays in the update
+                if src in after_writes:
+                    stack.append(src)
+                continue
+            tensor = _tensor_of(inp)
+            if src in after_writes or src not in data_dependent:
+                stack.append(src)
+            elif src in arg_nodes or a_mean(tensor):
+                if tensor not in frontier:
+                    frontier.append(tensor)
+            elif batch(tensor):
+                raise ValueError(f"the variable write {name} depends on {tensor}, a value per "
+                                 "example rather than a mean over the batch (a sparse "
+                                 "update?): the step cannot run in pieces of the batch")
+            else:
+                stack.append(src)
+    return frontier
+
+
+# Ops that read a tensor's size, not its values: a piece's is not the whole batch's.
+_SIZE_OPS = frozenset({"Shape", "ShapeN", "Size"})
+
+# Beyond the batch's reduction a value stays affine in the means it reads through these
+# primitives (those of _ANY_OPERAND in every operand, the others in the one operand named,
+# the rest fixed for the batch), so the mean of the pieces' values is the whole batch's.
+_ANY_OPERAND = frozenset({"add", "sub", "neg", "reduce_sum", "reduce_mean", "reshape",
+                          "broadcast_to", "transpose"})
+_ONE_OPERAND = {"mul": None, "div": 0, "div_no_nan": 0}   # None: either one
+# How a fused kernel sums over the batch: a reduction, a segment sum (an embedding's
+# gradient over the batch's ids), or, in pieces of one example, a reshape that drops it.
+_BATCH_REDUCTIONS = frozenset({"reduce_sum", "reduce_mean", "segment_sum", "reshape"})
+
+
+def _check_affine(node, tensor, moving_inputs, batch_values):
+    """Raises ValueError unless `tensor`, an output of the fused kernel `node`, is a mean:
+    affine in the sums over the batch the kernel takes (of its values `batch_values`, which
+    have an axis along the batch) and in its inputs that depend on the step's arguments
+    (`moving_inputs`, per data input). Anything may happen per example before the sum; a
+    kernel that squares a gradient after summing it (an optimizer fused with its
+    gradient's sum) computes no mean of the pieces."""
+    cluster = fusion_ir.Cluster.from_json(node.attr["spec"].s.decode("utf-8"))
+    moving = {name for (name, _), m in zip(cluster.inputs, moving_inputs) if m}
+    affine = moving - batch_values
+    for op in cluster.ops:
+        if op.name in batch_values:   # per example: anything goes
+            moving.add(op.name)
+            continue
+        reads = [k for k, i in enumerate(op.inputs) if i in moving]
+        if not reads:
+            continue
+        moving.add(op.name)
+        if any(op.inputs[k] in batch_values for k in reads):   # the sum over the batch
+            ok = op.prim in _BATCH_REDUCTIONS and all(
+                op.inputs[k] in affine or op.inputs[k] in batch_values for k in reads)
+        elif op.prim in _ANY_OPERAND or (op.prim == "cast" and
+                                         op.type.dtype in fusion_ir.FLOAT_DTYPES):
+            ok = all(op.inputs[k] in affine for k in reads)
+        elif op.prim in _ONE_OPERAND:
+            which = _ONE_OPERAND[op.prim]
+            ok = len(reads) == 1 and (which is None or reads == [which]) and \
+                op.inputs[reads[0]] in affine
+        elif op.prim == "select":   # a fixed choice between values
+            ok = 0 not in reads and all(op.inputs[k] in affine for k in reads)
+        else:
+            ok = False
+        if ok:
+            affine.add(op.name)
+    output = cluster.outputs[int(tensor.split(":")[1])]
+    if output in moving and output not in affine:
+        raise ValueError(f"the fused kernel {node.name} computes {tensor}, which the variable "
+                         "writes read, from a sum over the batch through a nonlinear op (an "
+                         "optimizer's arithmetic fused with its gradient's sum): the pieces' "
+                         "mean of it is not the whole batch's value, so the step cannot run "
+                         "in pieces of the batch; parallelize it before optimizing it")
 
 
 SCHEDULES = ("gpipe", "1f1b")

@@ -40,6 +40,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
+from tf_fusionstitch.planner import batch_axes
 from tf_fusionstitch.planner import cluster as cluster_lib
 from tf_fusionstitch.planner import graph_import, layouts, local_workers, micro_batches
 
@@ -167,7 +168,31 @@ def _micro_batch_step(fn, example_inputs, variables, step, count):
     if new:
         raise ValueError(f"the step traced on a micro-batch has ops the whole batch's does "
                          f"not ({', '.join(sorted(new)[:3])}), so the plan does not place it")
+    micro.batch_axes = _batch_axes(step, micro)
     return micro, is_split
+
+
+def _batch_axes(whole, piece):
+    """The batch axes of the piece's tensors (batch_axes.BatchAxes): where their shapes
+    differ from the whole batch's trace."""
+    def shapes(tensor):
+        found = []
+        for step in (piece, whole):
+            try:
+                found.append(step.tensor(tensor).shape.as_list())
+            except (KeyError, ValueError):   # not in that trace, or of unknown rank
+                found.append(None)
+        return tuple(found)
+
+    def fused(node):
+        try:
+            op = piece.graph.get_operation_by_name(node)
+        except (KeyError, ValueError):
+            return None
+        if op.type != "FusionStitch":
+            return None
+        return op.get_attr("spec").decode("utf-8"), [t.name for t in op.inputs]
+    return batch_axes.BatchAxes(shapes, fused)
 
 
 class _Step:
@@ -182,6 +207,11 @@ class _Step:
         self.structured_outputs = concrete.structured_outputs
         self.dtype_of = lambda name: concrete.graph.get_tensor_by_name(
             name).dtype.as_datatype_enum
+        self.graph = concrete.graph
+        self.tensor = concrete.graph.get_tensor_by_name
+        # Set on a trace of one piece of the batch (_micro_batch_step): which axes of its
+        # tensors run along the batch.
+        self.batch_axes = None
         self.phases = {name: op.phase for name, op in graph.ops.items()}
         by_handle = {id(v.handle): v for v in list(concrete.variables) + list(variables)}
         self.captured_variables, self.captured_values = {}, {}
@@ -428,7 +458,8 @@ class PlacedStep(ParallelStep):
         step, plan = self.step, self.plan
         count = plan.replicas * plan.micro_batches
         cuts = [micro_batches.split(placed if r == 0 else plan.apply(step.graph_def, r),
-                                    step.arg_names, step.output_names, step.dtype_of)
+                                    step.arg_names, step.output_names, step.dtype_of,
+                                    step.batch_axes)
                 for r in range(plan.replicas)]
         stage_of = {op: s for s, ops in enumerate(plan.stages) for op in ops}
 
@@ -464,8 +495,19 @@ class PlacedStep(ParallelStep):
             with tf.control_dependencies(flat):
                 feed = self.feed_captures()
             for k, placeholder in enumerate(update.placeholders):
+                pieces = [result[outputs + k] for result in results]
+                if not (pieces[0].dtype.is_floating or pieces[0].dtype.is_complex):
+                    # An integer or boolean has no mean: one the pieces share (an argument
+                    # that is not split) is taken as it is; one they differ in is refused.
+                    same = [tf.debugging.assert_equal(
+                        p, pieces[0], message=f"the pieces of the batch give different "
+                        f"values of {update.frontier[k]}, an integer the variable writes "
+                        "read: this step cannot run in pieces") for p in pieces[1:]]
+                    with tf.control_dependencies(same):
+                        feed[placeholder] = tf.identity(pieces[0])
+                    continue
                 with tf.device(device[placeholder]):
-                    total = tf.add_n([result[outputs + k] for result in results])
+                    total = tf.add_n(pieces)
                     feed[placeholder] = total / tf.cast(count, total.dtype)
             tf.graph_util.import_graph_def(update.update,
                                            input_map=_present(update.update, feed),

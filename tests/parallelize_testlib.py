@@ -7,6 +7,7 @@ any, in each xdist worker too). If something initialised TF's devices earlier wi
 CPUs, the tests are skipped with the error `use_cpu_devices` gives.
 """
 
+import functools
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -20,6 +21,7 @@ try:
 except ValueError as e:
     SETUP_ERROR = str(e)
 
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -36,10 +38,12 @@ def reference_block(seed):
     return reference_models.build_eager("transformer_block", seed=seed, **REFERENCE_SIZES)
 
 
-def nested_call_block(seed, batch=8, seq=8, hidden=16, ffn=32, lr=0.05):
+def nested_call_block(seed, batch=8, seq=8, hidden=16, ffn=32, lr=0.05, adam=False):
     """A step whose feed-forward layer is a tf.function of its own that captures its
     weight, as Keras' grouped convolution is: each trace of the step captures that weight
-    again, as a placeholder named by TensorFlow's process-wide counter."""
+    again, as a placeholder named by TensorFlow's process-wide counter. Keras' SGD with
+    momentum updates it (a slot read after its write), or Adam (the square of the
+    gradient), and counts its steps in an int64 variable."""
     rng = np.random.default_rng(seed)
     up = tf.Variable(rng.standard_normal((hidden, ffn)).astype(np.float32) / 4, name="up")
     down = tf.Variable(rng.standard_normal((ffn, hidden)).astype(np.float32) / 6,
@@ -50,14 +54,17 @@ def nested_call_block(seed, batch=8, seq=8, hidden=16, ffn=32, lr=0.05):
     def feed_forward(h):
         return tf.nn.relu(h @ up)
 
+    optimizer = keras.optimizers.Adam(lr / 10) if adam else \
+        keras.optimizers.SGD(lr, momentum=0.9)
+    optimizer.build(params)
+
     @tf.function
     def step(x, y):
         with tf.GradientTape() as tape:
             mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
             h = (x - mean) * tf.math.rsqrt(variance + 1e-6)
             loss = tf.reduce_mean(tf.square(x + feed_forward(h) @ down - y))
-        for p, g in zip(params, tape.gradient(loss, params)):
-            p.assign_sub(lr * g)
+        optimizer.apply_gradients(zip(tape.gradient(loss, params), params))
         return loss
 
     inputs = [tf.constant(rng.standard_normal((batch, seq, hidden)).astype(np.float32))
@@ -65,7 +72,8 @@ def nested_call_block(seed, batch=8, seq=8, hidden=16, ffn=32, lr=0.05):
     return step, inputs, {p.name: p for p in params}
 
 
-MODELS = {"reference": reference_block, "einsum": einsum_block, "nested": nested_call_block}
+MODELS = {"reference": reference_block, "einsum": einsum_block, "nested": nested_call_block,
+          "nested_adam": functools.partial(nested_call_block, adam=True)}
 
 
 # The reference block's attention key bias adds q . bk to every score of a query's row, which

@@ -99,6 +99,15 @@ class ParallelizeTest(lib.ParallelStepCase):
         for i in range(DEVICES):
             self.assertTrue(any(op.name.startswith(f"micro_batch_{i}/") for op in ops))
 
+    def test_micro_batches_of_a_step_whose_optimizer_is_not_linear(self):
+        # Adam squares the gradient: the pieces' gradients are averaged first, and the
+        # update runs once on the mean, as on the whole batch.
+        step, inputs, variables = MODELS["nested_adam"](seed=1)
+        plan = planner.search(step, inputs, cluster="4xCPU", strategy="pipeline",
+                              variables=variables.values())
+        self.check_strategy("nested_adam", "pipeline",
+                            dataclasses.replace(plan, micro_batches=DEVICES))
+
     def test_micro_batches_need_a_step_of_any_batch_size(self):
         # The reference block reshapes to its batch size: it does not trace on less.
         step, inputs, variables = reference_block(seed=2)

@@ -1,11 +1,12 @@
 """A step fused by `tf_fusionstitch.optimize` runs under a pipeline plan and under a data
 plan (placed: a piece of the batch per replica) on 4 logical CPUs with the unfused
 single-device results; under DTensor (tensor plans) it is refused (DTensor has no layout
-propagation for FusionStitch ops). Its own file: compiling the kernels takes a while.
+propagation for FusionStitch ops), and in pieces where a fused kernel makes the pieces'
+mean differ from the whole batch's step. Its own file: compiling the kernels takes a while.
 """
 
 import parallelize_testlib as lib  # configures the logical devices first
-from parallelize_testlib import einsum_block
+from parallelize_testlib import MODELS, einsum_block
 
 import tensorflow as tf
 
@@ -37,6 +38,17 @@ class FusedParallelizeTest(lib.ParallelStepCase):
         fused = {op.device for op in self.ops_run(parallel, "nested")
                  if op.type == "FusionStitch"}
         self.assertLen(fused, 4, "FusionStitch ops on fewer replicas' devices")
+
+    def test_fused_step_squaring_a_sum_over_the_batch_does_not_run_in_pieces(self):
+        # The rank-3 `h @ up`'s weight gradient is a sum over the batch that the fused plan
+        # computes in one kernel with Adam's square of it: the pieces' mean of the square
+        # is not the square of the whole batch's gradient, so the step is refused.
+        step, inputs, variables = MODELS["nested_adam"](seed=1)
+        with self.assertRaisesRegex(ValueError, "computes .*, which the variable writes read, "
+                                                "from a sum over the batch through a "
+                                                "nonlinear op"):
+            planner.parallelize(fs.optimize(step), inputs, cluster="4xCPU", strategy="data",
+                                variables=variables.values())
 
     def test_fused_data_step_that_does_not_take_a_piece_says_why(self):
         # The reference block reshapes to its batch size, so it cannot run placed in
