@@ -23,7 +23,9 @@ first call (tracing, instantiation and one step; batch 2, text sequence 16) of:
             function is ready (OptimizedFunction.wait), after which calls
             run it. Left out with --background=false (a shorter sweep).
 
---models=all: every zoo model (benchmarks/zoo).
+--models=all: every zoo model (benchmarks/zoo). --repeats=N runs N processes per model:
+TF's own first call moves by up to a third between processes, so the table then shows
+the medians (of the walls, and of each process's own ratios).
 
 Wall time and CPU time (this process plus the compilers it waited for) of
 each; the machine is shared, so CPU time is the steadier number. With
@@ -35,6 +37,7 @@ import json
 import os
 import pathlib
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -153,6 +156,9 @@ def main():
     parser.add_argument("--background", default="true", choices=("true", "false"),
                         help="also time optimize(..., background=True)")
     parser.add_argument("--out", default="", help="append JSON rows to this file")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="processes per model; each pairs its own TF and fs calls, and "
+                             "the table shows the medians of the walls and of the ratios")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
     parser.add_argument("--oplib_dir", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -174,20 +180,23 @@ def main():
             command = [sys.executable, __file__, "--child", name, size,
                        "--oplib_dir", oplib_dir, "--profile", args.profile,
                        "--background", args.background]
-            proc = subprocess.run(command, capture_output=True, text=True)
-            rows = [l[4:] for l in proc.stdout.splitlines() if l.startswith("ROW ")]
-            if proc.returncode != 0 or not rows:
-                print(f"{name:16} {size:5} failed: {proc.stderr.strip().splitlines()[-1:]}",
-                      flush=True)
+            runs, failure = [], None
+            for _ in range(max(1, args.repeats)):
+                proc = subprocess.run(command, capture_output=True, text=True)
+                rows = [l[4:] for l in proc.stdout.splitlines() if l.startswith("ROW ")]
+                if proc.returncode != 0 or not rows:
+                    failure = proc.stderr.strip().splitlines()[-1:]
+                    break
+                runs.append(json.loads(rows[0]))
+            if failure is not None:
+                print(f"{name:16} {size:5} failed: {failure}", flush=True)
                 continue
-            row = json.loads(rows[0])
-            if "bg_wall" in row:
-                row["bg_over_tf"] = row["bg_wall"] / row["tf_wall"]
+            row = _median_row(runs)
             print(f"{name:16} {size:5} {row['tf_first_in_process_wall']:8.1f} "
                   f"{row['tf_wall']:8.1f} {row['tf_cpu']:7.1f} {row['cold_wall']:9.1f} "
                   f"{row['cold_cpu']:8.1f} {row['warm_wall']:9.1f} {row['warm_cpu']:8.1f} "
-                  f"{row['cold_wall'] / row['tf_wall']:7.2f} "
-                  f"{row['warm_wall'] / row['tf_wall']:7.2f} {_fmt(row, 'bg_wall')} "
+                  f"{row['cold_over_tf']:7.2f} "
+                  f"{row['warm_over_tf']:7.2f} {_fmt(row, 'bg_wall')} "
                   f"{_fmt(row, 'bg_over_tf', 6, 2)} "
                   f"{_fmt(row, 'bg_ready_wall', 6)} "
                   f"{row['cold_kernels']} ({row['cold_compilations']} compiled, "
@@ -200,6 +209,23 @@ def main():
         print(line, flush=True)
 
 
+def _median_row(runs: list) -> dict:
+    """One row of `runs` (a model's processes): the first run's fields, with each wall
+    and CPU time the median over the runs, each ratio over TF the median of the runs' own
+    ratios, and the runs' ratios kept (`<label>_over_tf_runs`)."""
+    row = dict(runs[0])
+    for key in row:
+        if key.endswith(("_wall", "_cpu")) and all(key in r for r in runs):
+            row[key] = statistics.median(r[key] for r in runs)
+    for label in ("cold", "warm", "bg"):
+        if all(f"{label}_wall" in r for r in runs):
+            ratios = [r[f"{label}_wall"] / r["tf_wall"] for r in runs]
+            row[f"{label}_over_tf"] = statistics.median(ratios)
+            row[f"{label}_over_tf_runs"] = ratios
+    row["runs"] = len(runs)
+    return row
+
+
 # What a first call may cost over TF's own: with empty caches, and with warm ones.
 BARS = {"cold": 2.0, "warm": 1.2}
 
@@ -210,7 +236,7 @@ def _summary(rows: list) -> list:
         return []
     lines = []
     for label, bar in BARS.items():
-        ratios = {f"{r['model']} {r['size']}": r[f"{label}_wall"] / r["tf_wall"] for r in rows}
+        ratios = {f"{r['model']} {r['size']}": r[f"{label}_over_tf"] for r in rows}
         worst = max(ratios, key=ratios.get)
         over = sorted(name for name, ratio in ratios.items() if ratio > bar)
         lines.append(f"{label}: at most {ratios[worst]:.2f}x TF's first call ({worst}); "

@@ -165,30 +165,25 @@ def _frontier(nodes, writes, arg_nodes, data_dependent, after_writes, batch_axes
                           {v for v, axes in inside.items() if axes})
         return True
 
-    frontier, seen, stack = [], set(), list(writes)
-    while stack:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        for inp in nodes[name].input:
-            src = _node_of(inp)
-            if inp.startswith("^"):   # ordering among the writes stays in the update
-                if src in after_writes:
-                    stack.append(src)
-                continue
-            tensor = _tensor_of(inp)
-            if src in after_writes or src not in data_dependent:
-                stack.append(src)
-            elif src in arg_nodes or a_mean(tensor):
-                if tensor not in frontier:
-                    frontier.append(tensor)
-            elif batch(tensor):
-                raise ValueError(f"the variable write {name} depends on {tensor}, a value per "
-                                 "example rather than a mean over the batch (a sparse "
-                                 "update?): the step cannot run in pieces of the batch")
-            else:
-                stack.append(src)
+    frontier = []
+
+    def follow(node, inp):
+        src = _node_of(inp)
+        if inp.startswith("^"):   # ordering among the writes stays in the update
+            return src in after_writes
+        tensor = _tensor_of(inp)
+        if src in after_writes or src not in data_dependent:
+            return True
+        if src in arg_nodes or a_mean(tensor):
+            if tensor not in frontier:
+                frontier.append(tensor)
+            return False
+        if batch(tensor):
+            raise ValueError(f"the variable write {node.name} depends on {tensor}, a value per "
+                             "example rather than a mean over the batch (a sparse update?): "
+                             "the step cannot run in pieces of the batch")
+        return True
+    _ancestors(nodes, writes, follow)
     return frontier
 
 

@@ -7,7 +7,7 @@ styles; the combinations that do not run are refused with what to do.
 import dataclasses
 
 import parallelize_testlib as lib  # configures the logical devices first
-from parallelize_testlib import DEVICES, MODELS, einsum_block, nested_call_block, reference_block
+from parallelize_testlib import DEVICES, MODELS, einsum_block, reference_block
 
 import tensorflow as tf
 
@@ -67,16 +67,23 @@ class ParallelizeTest(lib.ParallelStepCase):
         parallel = self.check_strategy("reference", "pipeline")
         self.ops_run(parallel, "reference")
 
-    def test_pipeline_in_micro_batches(self):
-        step, inputs, variables = einsum_block(seed=1)
+    def check_in_micro_batches(self, model):
+        """The model's pipeline plan in DEVICES micro-batches against one device: the
+        parallel step and the ops it runs, where each micro-batch computes its gradients."""
+        step, inputs, variables = MODELS[model](seed=1)
         plan = planner.search(step, inputs, cluster="4xCPU", strategy="pipeline",
                               variables=variables.values())
-        parallel = self.check_strategy("einsum", "pipeline",
+        parallel = self.check_strategy(model, "pipeline",
                                         dataclasses.replace(plan, micro_batches=DEVICES))
-        ops = self.ops_run(parallel, "einsum")
-        # Each micro-batch computes its gradients; the variables are written once.
+        ops = self.ops_run(parallel, model)
         for i in range(DEVICES):
             self.assertTrue(any(op.name.startswith(f"micro_batch_{i}/") for op in ops))
+        return parallel, ops
+
+    def test_pipeline_in_micro_batches(self):
+        parallel, ops = self.check_in_micro_batches("einsum")
+        _, _, variables = einsum_block(seed=1)
+        # The variables are written once.
         writes = [op for op in ops if op.type == "AssignSubVariableOp"]
         self.assertLen(writes, len(variables))
         self.assertTrue(all(op.name.startswith("update/") for op in writes))
@@ -90,23 +97,12 @@ class ParallelizeTest(lib.ParallelStepCase):
     def test_micro_batches_of_a_step_calling_a_function_that_captures_a_variable(self):
         # The trace on a micro-batch captures the weight under another counter-made name
         # than the whole batch's trace: a placeholder, fed, so the plan still places it.
-        step, inputs, variables = nested_call_block(seed=1)
-        plan = planner.search(step, inputs, cluster="4xCPU", strategy="pipeline",
-                              variables=variables.values())
-        parallel = self.check_strategy("nested", "pipeline",
-                                        dataclasses.replace(plan, micro_batches=DEVICES))
-        ops = self.ops_run(parallel, "nested")
-        for i in range(DEVICES):
-            self.assertTrue(any(op.name.startswith(f"micro_batch_{i}/") for op in ops))
+        self.check_in_micro_batches("nested")
 
     def test_micro_batches_of_a_step_whose_optimizer_is_not_linear(self):
         # Adam squares the gradient: the pieces' gradients are averaged first, and the
         # update runs once on the mean, as on the whole batch.
-        step, inputs, variables = MODELS["nested_adam"](seed=1)
-        plan = planner.search(step, inputs, cluster="4xCPU", strategy="pipeline",
-                              variables=variables.values())
-        self.check_strategy("nested_adam", "pipeline",
-                            dataclasses.replace(plan, micro_batches=DEVICES))
+        self.check_in_micro_batches("nested_adam")
 
     def test_micro_batches_need_a_step_of_any_batch_size(self):
         # The reference block reshapes to its batch size: it does not trace on less.
