@@ -44,22 +44,23 @@ class RewriteFailureTest(tf.test.TestCase):
         self.addCleanup(setattr, trace_rewrite, "run_fusion_pass", original)
 
     def test_the_rewrite_runs_with_the_collector_paused_and_resumes_it(self):
-        """runtime/gc_pause.py: the fusion pass sees the collector off; after
-        the call, failed or not, it is on again."""
+        """runtime/gc_pause.py: the fusion pass and the plan's import see the
+        collector off; after the call, failed or not, it is on again."""
         import gc
-        seen = []
-        original = trace_rewrite.run_fusion_pass
+        seen = {}
+        for name in ("run_fusion_pass", "_input_map"):   # the pass; a step of the import
+            original = getattr(trace_rewrite, name)
 
-        def watched(*args, **kwargs):
-            seen.append(gc.isenabled())
-            return original(*args, **kwargs)
-        trace_rewrite.run_fusion_pass = watched
-        self.addCleanup(setattr, trace_rewrite, "run_fusion_pass", original)
+            def watched(*args, _original=original, _name=name, **kwargs):
+                seen.setdefault(_name, []).append(gc.isenabled())
+                return _original(*args, **kwargs)
+            setattr(trace_rewrite, name, watched)
+            self.addCleanup(setattr, trace_rewrite, name, original)
         self.assertTrue(gc.isenabled())
         opt = fs.optimize(_layernorm_like(), rewrite_cache=False)
         x = tf.constant(rng(0).standard_normal((5, 16)), tf.float32)
         assert_same(self, quiet_call(opt, x), _layernorm_like()(x), "transcendental")
-        self.assertEqual(seen, [False])
+        self.assertEqual(seen, {"run_fusion_pass": [False], "_input_map": [False]})
         self.assertTrue(gc.isenabled())
         self._failing_pass(KeyError("some_node"))
         with warnings.catch_warnings():
