@@ -26,6 +26,7 @@ class BatchAxes:
     def __init__(self, shapes, fused):
         self._shapes, self._fused = shapes, fused
         self._kernels = {}    # node -> {value: frozenset of axes, or None}
+        self._outputs = {}    # node -> its spec's output values
 
     def of(self, tensor):
         """The batch axes of `tensor` (a frozenset), or None when they cannot be told."""
@@ -36,8 +37,8 @@ class BatchAxes:
             if whole is None or piece is None or len(piece) != len(whole):
                 return frozenset() if whole is None else None
             return frozenset(a for a, (p, w) in enumerate(zip(piece, whole)) if p != w)
-        cluster = fusion_ir.Cluster.from_json(fused[0])
-        return self.kernel_values(node)[cluster.outputs[int(port)]]
+        values = self.kernel_values(node)
+        return values[self._outputs[node][int(port)]]
 
     def kernel_values(self, node):
         """{value of FusionStitch `node`'s spec: its batch axes or None}. Kernels reading
@@ -54,8 +55,9 @@ class BatchAxes:
             if waiting:
                 stack.extend(waiting)
                 continue
-            self._kernels[name] = _propagate(fusion_ir.Cluster.from_json(spec),
-                                             [self.of(t) for t in inputs])
+            cluster = fusion_ir.Cluster.from_json(spec)
+            self._outputs[name] = cluster.outputs
+            self._kernels[name] = _propagate(cluster, [self.of(t) for t in inputs])
             stack.pop()
         return self._kernels[node]
 

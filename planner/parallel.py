@@ -179,7 +179,7 @@ def _batch_axes(whole, piece):
         found = []
         for step in (piece, whole):
             try:
-                found.append(step.tensor(tensor).shape.as_list())
+                found.append(step.graph.get_tensor_by_name(tensor).shape.as_list())
             except (KeyError, ValueError):   # not in that trace, or of unknown rank
                 found.append(None)
         return tuple(found)
@@ -208,7 +208,6 @@ class _Step:
         self.dtype_of = lambda name: concrete.graph.get_tensor_by_name(
             name).dtype.as_datatype_enum
         self.graph = concrete.graph
-        self.tensor = concrete.graph.get_tensor_by_name
         # Set on a trace of one piece of the batch (_micro_batch_step): which axes of its
         # tensors run along the batch.
         self.batch_axes = None

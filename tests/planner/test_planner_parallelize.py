@@ -9,6 +9,7 @@ import dataclasses
 import parallelize_testlib as lib  # configures the logical devices first
 from parallelize_testlib import DEVICES, MODELS, einsum_block, reference_block
 
+import numpy as np
 import tensorflow as tf
 
 from tf_fusionstitch import planner
@@ -103,6 +104,30 @@ class ParallelizeTest(lib.ParallelStepCase):
         # Adam squares the gradient: the pieces' gradients are averaged first, and the
         # update runs once on the mean, as on the whole batch.
         self.check_in_micro_batches("nested_adam")
+
+    def test_micro_batches_of_a_step_with_an_integer_argument_the_writes_read(self):
+        # The pieces share the argument (it is not split), so the update reads it as it
+        # is; an integer has no mean (dividing a sum of them made a float64 of it).
+        rng = np.random.default_rng(1)
+        up = tf.Variable(rng.standard_normal((16, 32)).astype(np.float32) / 4)
+        down = tf.Variable(rng.standard_normal((32, 16)).astype(np.float32) / 6)
+
+        @tf.function
+        def step(x, y, scale):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(tf.nn.relu(x @ up) @ down - y))
+            for p, g in zip([up, down], tape.gradient(loss, [up, down])):
+                p.assign_sub(0.01 * tf.cast(scale, tf.float32) * g)
+            return loss
+        inputs = [tf.constant(rng.standard_normal((8, 8, 16)).astype(np.float32))
+                  for _ in range(2)] + [tf.constant(3)]
+        plan = planner.search(step, inputs, cluster="4xCPU", strategy="pipeline",
+                              variables=[up, down])
+        parallel = planner.parallelize(step, inputs, cluster="4xCPU", variables=[up, down],
+                                       plan=dataclasses.replace(plan, micro_batches=DEVICES))
+        want = [float(step(*inputs)) for _ in range(3)]
+        got = [float(parallel(*inputs)) for _ in range(3)]
+        np.testing.assert_allclose(got, want, rtol=lib.RTOL)
 
     def test_micro_batches_need_a_step_of_any_batch_size(self):
         # The reference block reshapes to its batch size: it does not trace on less.
