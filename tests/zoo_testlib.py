@@ -171,10 +171,33 @@ def perturbed_train_steps(model, batches, initial: Sequence[np.ndarray], seed: i
     return run_steps(model.train_step, model, batches)
 
 
+@contextlib.contextmanager
+def without_grappler():
+    """TF's Grappler off while a twin's functions are first called (that is
+    when TF optimizes a function's graph). The twin is a precision reference:
+    Grappler's rewrites move its results by a rounding of its own precision
+    (float64, or float32 for a bfloat16 model), far below the differences it
+    bounds; and Grappler is most of a deep twin's first call (NASNetMobile's
+    float64 train step: 13.9 s with it, 4.9 s without)."""
+    key = "disable_meta_optimizer"
+    before = tf.config.optimizer.get_experimental_options().get(key, False)
+    tf.config.optimizer.set_experimental_options({key: True})
+    try:
+        yield
+    finally:
+        tf.config.optimizer.set_experimental_options({key: before})
+
+
 def twin_train_steps(twin, batches) -> Trained:
     """The twin's STEPS train steps, with the float32 model's dropout masks."""
-    with float32_dropout_masks():
+    with float32_dropout_masks(), without_grappler():
         return run_steps(twin.train_step, twin, batches)
+
+
+def twin_outputs(twin, inputs):
+    """The twin's inference on `inputs` (flat_outputs)."""
+    with without_grappler():
+        return flat_outputs(twin.inference(*inputs))
 
 
 def relative_distance(a: np.ndarray, b: np.ndarray, scale: float) -> float:

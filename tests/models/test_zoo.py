@@ -135,7 +135,7 @@ class ZooTest(tf.test.TestCase, parameterized.TestCase):
         shapes, batches = _inference_batches(model)
         want = [zt.flat_outputs(model.inference(*b)) for b in batches]
         xla = zt.xla_function(model.inference)
-        refs = [[zt.flat_outputs(f(*b)) for f in (twin.inference, xla)] for b in batches]
+        refs = [[zt.twin_outputs(twin, b), zt.flat_outputs(xla(*b))] for b in batches]
         for target in targets:
             opt = optimized[target, "inference"] = fs.optimize(model.inference, target=target)
             got, warned = _quiet_calls(opt, batches)
