@@ -303,6 +303,21 @@ class PerturbedPlanTest(tf.test.TestCase, parameterized.TestCase):
                 self.assertNotEmpty(mismatches, f"perturbing {perturbed[0]} went unnoticed")
 
 
+class TwinReferenceTest(tf.test.TestCase):
+    """The twin alone runs without Grappler: TF's own run, XLA's and
+    tf_fusionstitch's after it keep TF's default, even when the twin raised."""
+
+    def test_grappler_is_off_only_inside(self):
+        options = tf.config.optimizer.get_experimental_options
+        self.assertFalse(options().get("disable_meta_optimizer", False))
+        with zt.without_grappler():
+            self.assertTrue(options()["disable_meta_optimizer"])
+        self.assertFalse(options().get("disable_meta_optimizer", False))
+        with self.assertRaises(ZeroDivisionError), zt.without_grappler():
+            1 / 0
+        self.assertFalse(options().get("disable_meta_optimizer", False))
+
+
 class RegistryTest(tf.test.TestCase):
 
     def test_the_zoo_covers_what_users_bring(self):
