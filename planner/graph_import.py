@@ -26,7 +26,8 @@ _CONST_INPUTS = {
     "Min": (1, "axes"), "Prod": (1, "axes"), "All": (1, "axes"), "Any": (1, "axes"),
     "EuclideanNorm": (1, "axes"), "GatherV2": (2, "axis"), "ConcatV2": (-1, "axis"),
     "StridedSlice": (3, "strides"), "StridedSliceGrad": (3, "strides"), "Split": (0, "axis"),
-    "SplitV": (2, "axis"),
+    "SplitV": (2, "axis"), "Cumsum": (1, "axis"), "Cumprod": (1, "axis"),
+    "CumulativeLogsumexp": (1, "axis"),
 }
 
 

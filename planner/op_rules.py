@@ -60,6 +60,9 @@ _OTHER_REDUCE = frozenset("Max Min Prod All Any EuclideanNorm".split())
 
 _MATMUL = frozenset("MatMul BatchMatMul BatchMatMulV2 BatchMatMulV3".split())
 
+# Scans along the axis their `axis` input names (exclusive and reverse change no axis).
+_SCANS = frozenset("Cumsum Cumprod CumulativeLogsumexp".split())
+
 _WRITES_VARIABLE = re.compile(r"^(Assign(Add|Sub)?VariableOp|ResourceApply\w+|"
                               r"ResourceSparseApply\w+|ResourceScatter\w+)$")
 
@@ -280,6 +283,24 @@ def _reduce_rule(op, ins, outs, linear):
                     whole=[] if linear else reduced, pass_partial=linear)
 
 
+def _scatter_nd_rule(ins, outs):
+    # ScatterNd(indices [B..., q], updates [B..., *shape[q:]], shape): updates[b] is added at
+    # out[indices[b]]. The first q output axes are addressed by index values: no input axis
+    # is one of them. B is summed over, as UnsortedSegmentSum's ids: a split leaves partial
+    # sums. The rank check also refuses a q read wrong (an unknown integer extent reads 1).
+    indices, updates, out = ins[0], ins[1], outs[0]
+    if not indices.rank:
+        return _conservative(ins)
+    b, q = indices.rank - 1, indices.shape[-1]
+    if q > out.rank or updates.rank != b + out.rank - q or \
+            tuple(updates.shape[b:]) != tuple(out.shape[q:]):
+        return _conservative(ins)
+    ties = [((("i", 0), a), (("i", 1), a)) for a in range(b)
+            if indices.shape[a] == updates.shape[a]]
+    ties += [((("i", 1), b + j), (("o", 0), q + j)) for j in range(out.rank - q)]
+    return AxisRule(ties=ties, contract=[(1, a) for a in range(b)])
+
+
 def strided_slice_axes(op, rank):
     """(input axis or None, output axis or None) pairs of a StridedSlice on a rank-`rank`
     input, from its masks and the length of its `strides`; None where they are unknown.
@@ -388,6 +409,29 @@ def axis_rule(op, ins, outs):
         r = ins[0].rank
         return AxisRule(ties=[((("i", 0), a), (("o", 0), a)) for a in range(r)],
                         whole=[(0, r - 1)])
+    if t in _SCANS:
+        # As Softmax: the output keeps the input's axes; the scanned one is read whole.
+        axis, r = op.attrs.get("axis"), ins[0].rank
+        if not isinstance(axis, int) or not -r <= axis < r:
+            return _conservative(ins)
+        return AxisRule(ties=[((("i", 0), a), (("o", 0), a)) for a in range(r)],
+                        whole=[(0, axis % r)])
+    if t == "MatrixBandPart":
+        # Which elements are kept depends on their row and column in the whole matrix: the
+        # last two axes are read whole; batch axes pass through.
+        r = ins[0].rank
+        return AxisRule(ties=[((("i", 0), a), (("o", 0), a)) for a in range(r)],
+                        whole=[(0, a) for a in range(max(r - 2, 0), r)])
+    if t == "TopKV2":
+        # The k largest along the last axis, which is read whole and becomes k entries of
+        # values and of indices; the leading axes pass through to both outputs.
+        r = ins[0].rank
+        if not r:
+            return _conservative(ins)
+        return AxisRule(ties=[((("i", 0), a), (("o", k), a)) for k in range(len(outs))
+                              for a in range(r - 1)], whole=[(0, r - 1)])
+    if t == "ScatterNd":
+        return _scatter_nd_rule(ins, outs)
     if t in ("SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits"):
         ties = [((("i", 0), 0), (("i", 1), 0)), ((("i", 0), 0), (("o", 0), 0)),
                 ((("i", 0), 0), (("o", 1), 0)), ((("i", 0), 1), (("o", 1), 1))]

@@ -117,6 +117,61 @@ class InlinedCallTest(tf.test.TestCase):
         self.assertEqual(link.group_of[(call.outputs[0], 0)], link.group_of[(g.inputs[0], 0)])
 
 
+class ScanAndSelectionRulesTest(tf.test.TestCase):
+    """Axis rules of ops read from traced graphs: Cumsum's axis comes from its constant input."""
+
+    def _rules(self, fn, *inputs):
+        g = graph_import.from_function(tf.function(fn), list(inputs))[0]
+        self.assertEqual(op_rules.conservative_ops(g), {})
+        rules = {}
+        for op in g.ops.values():
+            ins = [g.tensors[n] for n in op.inputs]
+            outs = [g.tensors[n] for n in op.outputs]
+            rules.setdefault(op.type, []).append((op, op_rules.axis_rule(op, ins, outs)))
+        return rules
+
+    def test_cumsum_reads_a_negative_axis_whole(self):
+        rules = self._rules(lambda x: tf.math.cumsum(x, axis=-2, exclusive=True, reverse=True),
+                            tf.ones([4, 8, 16]))
+        ((op, rule),) = rules["Cumsum"]
+        self.assertEqual(op.attrs["axis"], -2)
+        self.assertEqual(rule.ties, [((("i", 0), a), (("o", 0), a)) for a in range(3)])
+        self.assertEqual(rule.whole, [(0, 1)])
+
+    def test_band_part_reads_the_matrix_axes_whole(self):
+        rules = self._rules(lambda x: tf.linalg.band_part(x, -1, 0), tf.ones([2, 8, 8]))
+        ((_, rule),) = rules["MatrixBandPart"]
+        self.assertEqual(rule.ties, [((("i", 0), a), (("o", 0), a)) for a in range(3)])
+        self.assertEqual(rule.whole, [(0, 1), (0, 2)])
+
+    def test_top_k_and_its_gradient_scatter(self):
+        def step(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                loss = tf.reduce_sum(tf.math.top_k(x, k=2).values ** 2)
+            return tape.gradient(loss, x)
+
+        rules = self._rules(step, tf.random.normal([4, 8]))
+        ((_, top_k),) = rules["TopKV2"]
+        self.assertEqual(top_k.ties, [((("i", 0), 0), (("o", 0), 0)),
+                                      ((("i", 0), 0), (("o", 1), 0))])
+        self.assertEqual(top_k.whole, [(0, 1)])
+        # The gradient scatters the (4 * 2,) values' gradients into the flat (4 * 8,) input
+        # by index: the output axis is addressed by value, the updates' axis summed over.
+        ((_, scatter),) = rules["ScatterNd"]
+        self.assertEqual(scatter.ties, [((("i", 0), 0), (("i", 1), 0))])
+        self.assertEqual(scatter.contract, [(1, 0)])
+
+    def test_scatter_nd_ties_the_slice_axes(self):
+        indices = tf.constant([[[0], [3]], [[5], [9]], [[1], [1]]])     # (3, 2, 1)
+        rules = self._rules(lambda u: tf.scatter_nd(indices, u, [10, 5]), tf.ones([3, 2, 5]))
+        ((_, rule),) = rules["ScatterNd"]
+        self.assertEqual(rule.ties, [((("i", 0), 0), (("i", 1), 0)),
+                                     ((("i", 0), 1), (("i", 1), 1)),
+                                     ((("i", 1), 2), (("o", 0), 1))])
+        self.assertEqual(rule.contract, [(1, 0), (1, 1)])
+
+
 class ReshapeAxesTest(tf.test.TestCase):
 
     def test_merged_axes_tie_their_outer_factor(self):

@@ -212,3 +212,43 @@ def test_grouped_convolution_keeps_channel_blocks_within_groups():
     assert ((("o", 0), 3), (("i", 2), 3)) in dx.ties and dx.contract == [(1, 0), (1, 1)]
     flops, _ = op_rules.flops_and_bytes(_op("Conv2D"), [x, f], [y])
     assert flops == 2.0 * 2 * 16 * 16 * 96 * 49
+
+
+def test_cumulative_sum_reads_its_axis_whole_and_passes_the_others():
+    x = _t((4, 8, 16))
+    same = [((("i", 0), a), (("o", 0), a)) for a in range(3)]
+    for axis, scanned in ((1, 1), (-1, 2), (-3, 0)):
+        rule = op_rules.axis_rule(_op("Cumsum", axis=axis), [x, _t(())], [x])
+        assert (rule.ties, rule.whole, rule.contract) == (same, [(0, scanned)], []), axis
+    # An axis the importer could not read, or out of range: the conservative rule.
+    assert op_rules.axis_rule(_op("Cumsum"), [x, _t(())], [x]).conservative
+    assert op_rules.axis_rule(_op("Cumsum", axis=3), [x, _t(())], [x]).conservative
+
+
+def test_matrix_band_part_reads_the_matrix_axes_whole():
+    x = _t((2, 4, 16, 16))
+    rule = op_rules.axis_rule(_op("MatrixBandPart"), [x, _t(()), _t(())], [x])
+    assert rule.ties == [((("i", 0), a), (("o", 0), a)) for a in range(4)]
+    assert rule.whole == [(0, 2), (0, 3)] and not rule.conservative
+
+
+def test_top_k_ties_the_leading_axes_to_values_and_indices():
+    rule = op_rules.axis_rule(_op("TopKV2"), [_t((8, 16, 4)), _t(())],
+                              [_t((8, 16, 2)), _t((8, 16, 2))])
+    assert rule.ties == [((("i", 0), 0), (("o", 0), 0)), ((("i", 0), 1), (("o", 0), 1)),
+                         ((("i", 0), 0), (("o", 1), 0)), ((("i", 0), 1), (("o", 1), 1))]
+    assert rule.whole == [(0, 2)] and not rule.conservative
+
+
+def test_scatter_nd_ties_the_slice_axes_and_sums_over_the_index_batch():
+    # indices (8, 16, 2) address the first two axes of a (10, 12, 32) output; updates are
+    # (8, 16) slices of shape (32,).
+    indices, updates = ir.Tensor("i", (8, 16, 2), "int32", 4), _t((8, 16, 32))
+    rule = op_rules.axis_rule(_op("ScatterNd"), [indices, updates, _t((3,))],
+                              [_t((10, 12, 32))])
+    assert rule.ties == [((("i", 0), 0), (("i", 1), 0)), ((("i", 0), 1), (("i", 1), 1)),
+                         ((("i", 1), 2), (("o", 0), 2))]
+    assert rule.contract == [(1, 0), (1, 1)] and rule.whole == []
+    # Updates that do not fit indices and shape (an index depth read wrong): conservative.
+    assert op_rules.axis_rule(_op("ScatterNd"), [indices, _t((8, 16, 12, 32)), _t((3,))],
+                              [_t((10, 12, 32))]).conservative
