@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
 import os
 import pathlib
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -105,11 +104,6 @@ class KnownMismatch:
     applies: Callable[[ir.Cluster], bool]
 
 
-def spec_digest(cluster: ir.Cluster) -> str:
-    """The hash export_clusters names a spec by (its file's stem ends with it)."""
-    return hashlib.sha256(cluster.to_json().encode()).hexdigest()[:10]
-
-
 _REDUCTIONS = {"reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"}
 
 
@@ -120,7 +114,11 @@ def _sixteen_bit_sums(cluster: ir.Cluster) -> bool:
 
 
 # Measured on every zoo cluster (seed 0, ROWS): the only emulations that fail
-# output_checks.agrees_with_cpu.
+# output_checks.agrees_with_cpu. Outputs that random inputs make ill-conditioned
+# (an optimizer's division by a random second moment near 0 after a batch sum:
+# MobileNetV3Small's and Xception's batch norms, DeBERTa-v3's relative position
+# embedding) need no rule: the check measures how far float32 rounding alone moves
+# them (output_checks.within_float32_spread).
 KNOWN_MISMATCHES = [
     KnownMismatch(
         "bfloat16 values computed from a sum: the GPU sums in another order than the "
@@ -130,16 +128,6 @@ KNOWN_MISMATCHES = [
         "Allowed: one bfloat16 unit of the output's largest magnitude (MobileNetV3Large's "
         "mixed_bfloat16 batch norms, 5 clusters)",
         2.0 ** -7, _sixteen_bit_sums),
-    KnownMismatch(
-        "ill-conditioned on random inputs: a gradient summed over the batch feeds an "
-        "optimizer update that divides by a random second moment (Adamax's "
-        "max(b2 u, |g|): MobileNetV3Small's batch norm, DeBERTa-v3's relative position "
-        "embedding) or an rsqrt of a random variance near 0 (Xception's batch norm); "
-        "the GPU sums in float32 where the CPU kernel sums in double, and where the sum "
-        "nearly cancels the division amplifies that to 2e-3 to 4e-3 of the output's "
-        "largest magnitude, 3 to 11 times the CPU kernel's distance from float64. "
-        "Allowed: 1e-2 normwise",
-        1e-2, lambda c: spec_digest(c) in {"7330c692ea", "d294a29340", "e39bb2e5ba"}),
 ]
 
 

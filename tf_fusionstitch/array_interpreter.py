@@ -64,7 +64,10 @@ def _binary(xp) -> dict:
     }
 
 
-def _reduce(xp, prim: str, x, axes: tuple, keep: bool, dtype: str):
+def _reduce(xp, prim: str, x, axes: tuple, keep: bool, dtype: str, sum_order=None):
+    if sum_order is not None and prim in ("reduce_sum", "reduce_mean"):
+        for axis in axes:   # another order of the same float32 sum
+            x = xp.take(x, sum_order.permutation(x.shape[axis]), axis=axis)
     if prim == "reduce_mean" and dtype in ir.INT_DTYPES:  # TF truncates an integer mean
         total = xp.sum(x, axis=axes, keepdims=keep)
         count = math.prod(x.shape[a] for a in axes)
@@ -75,11 +78,14 @@ def _reduce(xp, prim: str, x, axes: tuple, keep: bool, dtype: str):
     return fn(x, axis=axes, keepdims=keep)
 
 
-def interpret(cluster: ir.Cluster, xp, special=None) -> Callable[..., tuple]:
+def interpret(cluster: ir.Cluster, xp, special=None, sum_order=None) -> Callable[..., tuple]:
     """A function of the cluster's inputs (arrays in their storage dtypes)
     returning its outputs as a tuple. `xp`: numpy or jax.numpy; `special`:
     a namespace with erf and erfc (default: numpy_special for NumPy,
-    jax.scipy.special for JAX)."""
+    jax.scipy.special for JAX). `sum_order`: a NumPy Generator that shuffles
+    each sum's (and mean's) terms along its reduced axes, on every call: the
+    same sum in another rounding order, for checks that measure how far
+    float32 rounding alone moves an output (tools/output_checks.py)."""
     if special is None:
         special = numpy_special(xp) if xp.__name__ == "numpy" else _jax_special()
     unary, binary = _unary(xp, special), _binary(xp)
@@ -132,7 +138,7 @@ def interpret(cluster: ir.Cluster, xp, special=None) -> Callable[..., tuple]:
                 rank = len(types_[op.inputs[0]].shape)
                 axes = tuple(sorted(a % rank for a in attrs["axes"]))
                 out = _reduce(xp, op.prim, args[0], axes, attrs.get("keep_dims", False),
-                              dtype)
+                              dtype, sum_order)
             else:  # reshape, broadcast_to: run-time extents by the schedule's axes
                 shape = tuple(d if d is not None else extent[a]
                               for d, a in zip(op.type.shape, axes_of[op.name]))

@@ -59,3 +59,16 @@ def test_sixteen_bit_inputs_compute_in_float32_and_store_their_type():
     (y,) = array_interpreter.interpret(c, np)(x)
     assert y.dtype == np.float16
     np.testing.assert_array_equal(y, np.exp(x.astype(np.float32)).astype(np.float16))
+
+
+def test_sum_order_shuffles_the_terms_of_each_float32_sum():
+    """A sum in another order: the same value to float32 rounding, and
+    another rounding of it (tools/output_checks.float32_spread)."""
+    p = PATTERNS["softmax_128"]
+    x = np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32) * 100
+    plain = array_interpreter.interpret(p.cluster, np)(x)[0]
+    run = array_interpreter.interpret(p.cluster, np, sum_order=np.random.default_rng(1))
+    first, second = run(x)[0], run(x)[0]
+    for got in (first, second):
+        assert patterns.max_error(got, plain, 1e-5, 1e-7)[1]
+    assert not np.array_equal(first, second)   # each call draws another order

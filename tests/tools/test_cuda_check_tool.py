@@ -177,3 +177,55 @@ def test_kernels_equally_far_from_float64_in_opposite_directions_pass(tmp_path):
                           "--seed=1062", "--rows=1"],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_an_output_float32_rounding_alone_moves_passes_and_real_errors_fail():
+    """A batch-norm gradient packed with an Adagrad update (MobileNetV3Small
+    built with minimalistic=True, outside the zoo). On this draw, 37 rows,
+    the update's root of a random accumulator near 0 turns the sums' float32
+    rounding into 3e-3 of the output's scale: the emulated GPU kernel is 80
+    times as far from float64 as the CPU kernel, which sums in double, and
+    the first two checks fail it. Float32 programs that differ only in the
+    order of their sums' terms land as far and farther (4e-4 to 8e-3), so it
+    passes; an error of the schedule lies outside that range and fails."""
+    import numpy as np
+    from tf_fusionstitch import fusion_ir as ir
+    from tf_fusionstitch.gpu import build as gpu_build
+    from tf_fusionstitch.kernels import build_cpu_kernel
+    from tf_fusionstitch.runtime.cpu_kernel import CpuKernel
+    from tf_fusionstitch.tools import output_checks as oc
+    import repo_paths
+
+    path = repo_paths.TESTS / "gpu_clusters" / "mobilenet_v3_minimalistic_adagrad_bn_576.json"
+    cluster = ir.Cluster.from_json(path.read_text())
+    rng = np.random.default_rng(0)
+    for rows in (0, 1, 13):   # the draws before it, as agrees_with_cpu makes them
+        patterns.random_inputs(cluster, rows, rng)
+    inputs = patterns.random_inputs(cluster, 37, rng)
+    got = CpuKernel(gpu_build.build_emulation(cluster)).run(inputs, threads=2)
+    cpu = build_cpu_kernel(cluster).runner().run(inputs)
+    exact = oc.float64_interpreter(cluster)(*oc.widened_inputs(inputs))
+    assert not oc.compare_outputs(got, cpu, oc.RTOL, oc.ATOL, normwise=True)[1]
+    assert not oc.as_close_as_cpu(got, cpu, exact, oc.RTOL, oc.ATOL)
+    programs = oc.float32_spread(cluster, inputs, np.random.default_rng(37))
+    assert oc.within_float32_spread(got, exact, programs, oc.RTOL, oc.ATOL)
+
+    update, sums = cluster.outputs.index("t24"), cluster.outputs.index("t18")
+    scale = np.nanmax(np.abs(exact[update]))
+    off = [np.array(g) for g in got]
+    first = np.flatnonzero(~np.isnan(off[update]))[0]
+    off[update].flat[first] += 0.01 * scale              # one element 1% off
+    assert not oc.within_float32_spread(off, exact, programs, oc.RTOL, oc.ATOL)
+    off = [np.array(g) for g in got]
+    off[sums] = off[sums] * 1.001                        # a sum 1e-3 off
+    assert not oc.within_float32_spread(off, exact, programs, oc.RTOL, oc.ATOL)
+    short = [a.copy() for a in inputs]
+    for (_, t), a in zip(cluster.inputs, short):
+        if t.shape and t.shape[0] is None:
+            a[-1] = 0                                     # a lost row of partial sums
+    off = [np.array(g) for g in got]
+    off[sums] = build_cpu_kernel(cluster).runner().run(short)[sums]
+    assert not oc.within_float32_spread(off, exact, programs, oc.RTOL, oc.ATOL)
+    assert oc.agrees_with_cpu(CpuKernel(gpu_build.build_emulation(cluster)),
+                              build_cpu_kernel(cluster).runner(), cluster, (0, 1, 13, 37),
+                              np.random.default_rng(0))[1]

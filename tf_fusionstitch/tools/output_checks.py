@@ -77,13 +77,53 @@ def as_close_as_cpu(got, cpu, exact, rtol, atol, factor=2.0) -> bool:
     return True
 
 
+# Float32 programs whose spread bounds an ill-conditioned output (float32_spread).
+SUM_ORDERS = 8
+
+
+def float32_spread(cluster: ir.Cluster, inputs, rng, orders: int = SUM_ORDERS):
+    """The cluster's outputs from `orders` float32 programs that differ from
+    each other only in the order of their sums' terms (NumPy, shuffled by
+    `rng`), or None where it computes in 16-bit floats."""
+    types = [t for _, t in cluster.inputs] + [op.type for op in cluster.ops]
+    if any(t.dtype in ("float16", "bfloat16") for t in types):
+        return None
+    run = array_interpreter.interpret(cluster, np, sum_order=rng)
+    return [run(*inputs) for _ in range(orders)]
+
+
+def within_float32_spread(got, exact, programs, rtol, atol) -> bool:
+    """Each output of the emulated kernel no farther from the float64 result
+    than the farthest of `programs` (float32_spread), plus the tolerance
+    relative to the output's largest magnitude. A sum that nearly cancels,
+    later divided by a random value near 0 (an optimizer's root of a random
+    second moment), lands anywhere in a range that float32 rounding alone
+    spans, whatever the order; the CPU kernel sums in double and does not
+    show it. An error of the schedule (an index, a lost partial sum) lies far
+    outside that range (tests/tools/test_cuda_check_tool.py)."""
+    for i, (g, e) in enumerate(zip(got, exact)):
+        g, e = np.asarray(g, np.float64), np.asarray(e, np.float64)
+        nan = np.isnan(e)
+        if g.shape != e.shape or not np.array_equal(np.isnan(g), nan):
+            return False
+        scale = np.max(np.abs(np.where(np.isinf(e), 0, e))[~nan], initial=0.0)
+        with np.errstate(invalid="ignore"):   # equal infinities differ by nothing
+            far = lambda a: np.max(np.where(a == e, 0.0, np.abs(a - e))[~nan],  # noqa: E731
+                                   initial=0.0)
+            spread = max(far(np.asarray(p[i], np.float64)) for p in programs)
+            if far(g) > atol + rtol * scale + spread:
+                return False
+    return True
+
+
 def agrees_with_cpu(emulated, cpu, cluster: ir.Cluster, rows, rng, rtol=RTOL, atol=ATOL
                     ) -> tuple:
     """(largest error, all good) of an emulated GPU kernel against the CPU
     kernel of the same cluster (both runtime.cpu_kernel.CpuKernel) on random
     inputs, every dynamic dimension taking each of `rows`: normwise within
     the tolerance, or where that fails, as close to the float64
-    interpretation as the CPU kernel (as_close_as_cpu)."""
+    interpretation as the CPU kernel (as_close_as_cpu) or as float32 rounding
+    alone can move it (within_float32_spread)."""
     exact = float64_interpreter(cluster)
     err, ok = 0.0, True
     for n in rows:
@@ -92,6 +132,8 @@ def agrees_with_cpu(emulated, cpu, cluster: ir.Cluster, rows, rng, rtol=RTOL, at
         got = emulated.run(inputs, threads=2, forward=True)
         e, good = compare_outputs(got, wanted, rtol, atol, normwise=True)
         if not good and exact is not None:
-            good = as_close_as_cpu(got, wanted, exact(*widened_inputs(inputs)), rtol, atol)
+            best = exact(*widened_inputs(inputs))
+            good = as_close_as_cpu(got, wanted, best, rtol, atol) or within_float32_spread(
+                got, best, float32_spread(cluster, inputs, np.random.default_rng(n)), rtol, atol)
         err, ok = max(err, e), ok and good
     return err, ok
