@@ -110,3 +110,23 @@ def test_named_causes_cover_only_their_case():
     assert ctl.spill_reason(gelu(), stack) is None
     assert ctl.mismatch_rule(gelu()) is None               # float32, not a named spec
     assert ctl.mismatch_rule(sincos) is None
+
+
+@needs_nvrtc
+def test_sm80_division_spills_are_named_only_when_the_slow_path_is_their_cause(monkeypatch):
+    """The named sm_80 cause of a spill in a kernel that divides is checked,
+    not assumed: the same kernel with approximate division (div.full, no slow
+    path to call) must assemble without it."""
+    softmax = patterns.standard_patterns()["softmax_128"].cluster   # divides by its sum
+    sm80 = nvrtc.KernelResources("fs_kernel", "sm_80", 48, 0, 8, 4, 4)
+    real = nvrtc.ptxas_resources
+
+    def ieee_only(ptx, arch, *args, **kwargs):   # spills where the IEEE division is
+        spills = 4 if "div.rn.f32" in ptx else 0
+        return [dataclasses.replace(r, spill_stores=spills, spill_loads=spills)
+                for r in real(ptx, arch, *args, **kwargs)]
+    monkeypatch.setattr(nvrtc, "ptxas_resources", ieee_only)
+    assert "slow path" in ctl.spill_reason(softmax, sm80)
+    monkeypatch.setattr(nvrtc, "ptxas_resources", with_spills(real, spill_stores=4))
+    assert ctl.spill_reason(softmax, sm80) is None            # spills either way
+    assert ctl.spill_reason(softmax, dataclasses.replace(sm80, arch="sm_90")) is None
