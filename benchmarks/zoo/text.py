@@ -32,7 +32,7 @@ class TextEntry:
     tiny: Tuple                      # constructor arguments, tiny
     real: Tuple                      # constructor arguments, real
     optimizer: str
-    inputs: str = "tokens"           # "tokens", "tokens_segments", "seq2seq" or "images"
+    inputs: str = "tokens"           # a key of _INPUT_NAMES, or "images"
     policy: str = "float32"
     dropout: float = 0.0             # rate passed to the constructor (0: inactive)
     dropout_arg: str = "dropout"     # the constructor's name for it
@@ -108,6 +108,54 @@ ENTRIES: Dict[str, TextEntry] = {
                       "nadam"),
 }
 
+# Models outside the zoo (zoo.EXTRA_NAMES): not in CI, run on demand to try the tool
+# on architectures it was not checked on while it was built. "real" is the family's
+# smallest published width with the depth cut (Mixtral's width is cut too).
+EXTRA: Dict[str, TextEntry] = {
+    "bart": TextEntry("BartBackbone", _tiny(num_heads=2, max_sequence_length=64),
+                      _args(**{**_BERT_BASE, "vocabulary_size": 32000, "num_layers": 2,
+                               "max_sequence_length": 1024}), "adam", "seq2seq"),
+    "bloom": TextEntry("BloomBackbone", _tiny(num_heads=2),
+                       _args(vocabulary_size=32000, num_layers=4, num_heads=16, hidden_dim=1024,
+                             intermediate_dim=4096), "sgd_momentum"),
+    "falcon": TextEntry("FalconBackbone", _tiny(num_attention_heads=2),
+                        _args(vocabulary_size=32000, num_layers=2, num_attention_heads=32,
+                              hidden_dim=2048, intermediate_dim=8192), "adamw",
+                        dropout_arg="attention_dropout_rate"),
+    "gpt_neox": TextEntry("GPTNeoXBackbone", _tiny(num_heads=2, max_sequence_length=64),
+                          _args(vocabulary_size=32000, num_layers=4, num_heads=8, hidden_dim=512,
+                                intermediate_dim=2048, max_sequence_length=2048), "rmsprop"),
+    "qwen3": TextEntry("Qwen3Backbone",
+                       _tiny(num_query_heads=4, num_key_value_heads=2, head_dim=8),
+                       _args(vocabulary_size=32000, num_layers=4, num_query_heads=16,
+                             num_key_value_heads=8, head_dim=128, hidden_dim=1024,
+                             intermediate_dim=3072), "lion"),
+    "roformer_v2": TextEntry("RoformerV2Backbone", _tiny(num_heads=2, head_size=16),
+                             _args(**{**_BERT_BASE, "vocabulary_size": 32000,
+                                      "head_size": 64}), "adam", "tokens_segments_unmasked"),
+    "xlnet": TextEntry("XLNetBackbone", _tiny(num_heads=2),
+                       _args(**{**_BERT_BASE, "vocabulary_size": 32000}), "adagrad",
+                       "tokens_segments"),
+    "esm2": TextEntry("ESM2Backbone", _tiny(num_heads=2, max_sequence_length=64),
+                      _args(vocabulary_size=33, num_layers=6, num_heads=20, hidden_dim=320,
+                            intermediate_dim=1280, max_sequence_length=1026), "nadam",
+                      "tokens_unmasked"),
+    "deit": TextEntry("DeiTBackbone",
+                      _args(image_shape=(16, 16, 3), patch_size=4, num_layers=2, num_heads=2,
+                            hidden_dim=32, intermediate_dim=64),
+                      _args(image_shape=(224, 224, 3), patch_size=16, num_layers=4, num_heads=3,
+                            hidden_dim=192, intermediate_dim=768), "adam", "images",
+                      dropout_arg="dropout_rate"),
+    "dinov2": TextEntry("DINOV2Backbone",
+                        _args(image_shape=(28, 28, 3), patch_size=14, num_layers=2, num_heads=2,
+                              hidden_dim=32, intermediate_dim=64,
+                              position_embedding_shape=(28, 28)),
+                        _args(image_shape=(224, 224, 3), patch_size=14, num_layers=4,
+                              num_heads=6, hidden_dim=384, intermediate_dim=1536,
+                              position_embedding_shape=(224, 224)), "adamw", "images",
+                        dropout_arg="dropout_rate"),
+}
+
 
 def _padding_mask(gen: np.random.Generator, batch: int, seq: int) -> tf.Tensor:
     """Right padding: each row keeps between half and all of its positions."""
@@ -131,16 +179,18 @@ def _inputs(entry: TextEntry, config: dict):
             return [tokens(gen, batch, seq), _padding_mask(gen, batch, seq),
                     tokens(gen, batch, target), _padding_mask(gen, batch, target)]
         values = [tokens(gen, batch, seq), _padding_mask(gen, batch, seq)]
-        if entry.inputs == "tokens_segments":
+        if entry.inputs.startswith("tokens_segments"):
             split = gen.integers(1, seq + 1, size=batch)
             values.insert(1, tf.constant(np.arange(seq)[None, :] >= split[:, None], tf.int32))
-        return values
+        return values[:len(_INPUT_NAMES[entry.inputs])]
     return make_inputs
 
 
 _INPUT_NAMES = {
     "tokens": ("token_ids", "padding_mask"),
+    "tokens_unmasked": ("token_ids",),
     "tokens_segments": ("token_ids", "segment_ids", "padding_mask"),
+    "tokens_segments_unmasked": ("token_ids", "segment_ids"),
     "seq2seq": ("encoder_token_ids", "encoder_padding_mask", "decoder_token_ids",
                 "decoder_padding_mask"),
 }
@@ -174,15 +224,15 @@ def _labels(entry: TextEntry):
 
 
 def build(name: str, size: str, seed: int, policy: str = None) -> assemble.ZooModel:
-    entry = ENTRIES[name]
+    entry = ENTRIES.get(name) or EXTRA[name]
     policy = policy or entry.policy
     config = dict(entry.tiny if size == "tiny" else entry.real)
     config[entry.dropout_arg] = entry.dropout
     config["dtype"] = policy
     keras.utils.set_random_seed(seed)
     backbone = getattr(keras_hub.models, entry.constructor)(**config)
-    if entry.inputs == "images":
-        names = None
+    if entry.inputs == "images":   # one tensor, or a dict of one (DINOV2)
+        names = tuple(backbone.input) if isinstance(backbone.input, dict) else None
         specs = [tf.TensorSpec((None,) + tuple(config["image_shape"]), tf.float32)]
         label_spec = tf.TensorSpec([None], tf.int32)
     else:

@@ -64,6 +64,17 @@ ENTRIES: Dict[str, VisionEntry] = {
     "vgg19": VisionEntry("VGG19", 64, 224, "lion"),
 }
 
+# Models outside the zoo (zoo.EXTRA_NAMES): not in CI, run on demand to try the tool
+# on architectures it was not checked on while it was built.
+EXTRA: Dict[str, VisionEntry] = {
+    "inception_resnet_v2": VisionEntry("InceptionResNetV2", 75, 299, "adam"),
+    "mobilenet_v3_minimalistic": VisionEntry(
+        "MobileNetV3Small", 64, 224, "adagrad",
+        args=(("dropout_rate", 0.0), ("minimalistic", True)), pixels="0-255"),
+    "efficientnet_v2_s": VisionEntry("EfficientNetV2S", 64, 384, "adamw", dropout=True,
+                                     pixels="0-255"),
+}
+
 
 def _images(entry: VisionEntry, side: int):
     def make_inputs(gen: np.random.Generator, batch: int, seq: Optional[int] = None):
@@ -75,7 +86,7 @@ def _images(entry: VisionEntry, side: int):
 
 
 def build(name: str, size: str, seed: int, policy: str = None) -> assemble.ZooModel:
-    entry = ENTRIES[name]
+    entry = ENTRIES.get(name) or EXTRA[name]
     policy = policy or entry.policy
     side = entry.tiny_image if size == "tiny" else entry.real_image
     config = dict(entry.args)

@@ -34,11 +34,17 @@ distinct cluster is checked once per session, by the first model that has it.
 
 The comparison catches a plan that is slightly wrong: one fused op of a train
 step off by a relative 1e-5 fails it (PerturbedPlanTest).
+
+With TF_FUSIONSTITCH_ZOO_EXTRA=1, ZooTest also checks the models outside the zoo
+(zoo.EXTRA_NAMES: more keras_hub backbones and keras.applications CNNs), on demand:
+  TF_FUSIONSTITCH_ZOO_EXTRA=1 .venv/bin/python -m pytest tests/models/test_zoo.py \
+      -k "ZooTest and (falcon or deit)"
 """
 
 import contextlib
 import dataclasses
 import json
+import os
 import warnings
 
 import numpy as np
@@ -56,6 +62,8 @@ import zoo_testlib as zt
 from benchmarks import zoo  # the repository root (pyproject.toml's pytest pythonpath)
 
 _SEED = 5
+CHECKED = zoo.NAMES + (zoo.EXTRA_NAMES if os.environ.get("TF_FUSIONSTITCH_ZOO_EXTRA") == "1"
+                       else ())
 # {reason text: why the fallback is expected}. Empty: no cluster of any zoo
 # model may stay as TF ops.
 KNOWN_FALLBACKS = {}
@@ -146,7 +154,7 @@ class ZooTest(tf.test.TestCase, parameterized.TestCase):
             if target == "cpu":   # the GPU target's named fallbacks warn
                 self.assertEqual(warned, [], "inference warned")
 
-    @parameterized.named_parameters((name, name) for name in zoo.NAMES)
+    @parameterized.named_parameters((name, name) for name in CHECKED)
     def test_matches_tf(self, name):
         model = zoo.build(name, "tiny", seed=_SEED)
         twin = zt.build_twin(model, name, _SEED)
@@ -341,6 +349,12 @@ class RegistryTest(tf.test.TestCase):
             zoo.build("alexnet")
         with self.assertRaisesRegex(ValueError, "size must be one of"):
             zoo.build("bert", "huge")
+
+    def test_models_outside_the_zoo_are_named_apart(self):
+        self.assertEmpty(set(zoo.EXTRA_NAMES) & set(zoo.NAMES))
+        self.assertEqual(zoo.unknown_names(["falcon", "bert"]), "")
+        self.assertIn("outside the zoo", zoo.unknown_names(["alexnet"]))
+        self.assertEqual(zoo.entry("falcon").constructor, "FalconBackbone")
 
     def test_two_builds_with_one_seed_are_identical(self):
         first, second = zoo.build("gpt2", "tiny", seed=3), zoo.build("gpt2", "tiny", seed=3)
