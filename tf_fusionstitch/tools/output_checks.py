@@ -34,12 +34,16 @@ def compare_outputs(got, wanted, rtol, atol, normwise=False) -> tuple:
     return err, ok
 
 
+def _computes_in_16_bits(cluster: ir.Cluster) -> bool:
+    types = [t for _, t in cluster.inputs] + [op.type for op in cluster.ops]
+    return any(t.dtype in ("float16", "bfloat16") for t in types)
+
+
 def float64_interpreter(cluster: ir.Cluster):
     """The spec interpreted in float64 on NumPy (array_interpreter; float32
     values and casts widened), or None where it computes in 16-bit floats,
     whose rounding the reference must keep."""
-    types = [t for _, t in cluster.inputs] + [op.type for op in cluster.ops]
-    if any(t.dtype in ("float16", "bfloat16") for t in types):
+    if _computes_in_16_bits(cluster):
         return None
 
     def wide(t):
@@ -56,6 +60,27 @@ def widened_inputs(inputs) -> list:
     return [a.astype(np.float64) if a.dtype == np.float32 else a for a in inputs]
 
 
+def _no_farther(got, exact, allowance, rtol, atol) -> bool:
+    """Each output of `got` as NaN as the float64 result `exact` and no
+    farther from it (largest distance over the output) than the tolerance
+    relative to the output's largest magnitude plus allowance(i, far), where
+    far(a) is an array's distance from output i of `exact`."""
+    for i, (g, e) in enumerate(zip(got, exact)):
+        g, e = np.asarray(g, np.float64), np.asarray(e, np.float64)
+        nan = np.isnan(e)
+        if g.shape != e.shape or not np.array_equal(np.isnan(g), nan):
+            return False
+        scale = np.max(np.abs(np.where(np.isinf(e), 0, e))[~nan], initial=0.0)
+
+        def far(a):
+            a = np.asarray(a, np.float64)
+            with np.errstate(invalid="ignore"):   # equal infinities differ by nothing
+                return np.max(np.where(a == e, 0.0, np.abs(a - e))[~nan], initial=0.0)
+        if far(g) > atol + rtol * scale + allowance(i, far):
+            return False
+    return True
+
+
 def as_close_as_cpu(got, cpu, exact, rtol, atol, factor=2.0) -> bool:
     """Each output of the emulated kernel at most `factor` times as far from
     the float64 result (largest distance over the output) as the CPU kernel's,
@@ -63,18 +88,7 @@ def as_close_as_cpu(got, cpu, exact, rtol, atol, factor=2.0) -> bool:
     random inputs make an output ill-conditioned, both kernels are far from
     it, in different directions, and further from each other than either is
     from the truth (tests/tools/test_cuda_check_tool.py)."""
-    for g, c, e in zip(got, cpu, exact):
-        g, c, e = (np.asarray(a, np.float64) for a in (g, c, e))
-        nan = np.isnan(e)
-        if g.shape != e.shape or not np.array_equal(np.isnan(g), nan):
-            return False
-        scale = np.max(np.abs(np.where(np.isinf(e), 0, e))[~nan], initial=0.0)
-        with np.errstate(invalid="ignore"):   # equal infinities differ by nothing
-            far = lambda a: np.max(np.where(a == e, 0.0, np.abs(a - e))[~nan],  # noqa: E731
-                                   initial=0.0)
-            if far(g) > atol + rtol * scale + factor * far(c):
-                return False
-    return True
+    return _no_farther(got, exact, lambda i, far: factor * far(cpu[i]), rtol, atol)
 
 
 # Float32 programs whose spread bounds an ill-conditioned output (float32_spread).
@@ -85,8 +99,7 @@ def float32_spread(cluster: ir.Cluster, inputs, rng, orders: int = SUM_ORDERS):
     """The cluster's outputs from `orders` float32 programs that differ from
     each other only in the order of their sums' terms (NumPy, shuffled by
     `rng`), or None where it computes in 16-bit floats."""
-    types = [t for _, t in cluster.inputs] + [op.type for op in cluster.ops]
-    if any(t.dtype in ("float16", "bfloat16") for t in types):
+    if _computes_in_16_bits(cluster):
         return None
     run = array_interpreter.interpret(cluster, np, sum_order=rng)
     return [run(*inputs) for _ in range(orders)]
@@ -101,19 +114,8 @@ def within_float32_spread(got, exact, programs, rtol, atol) -> bool:
     spans, whatever the order; the CPU kernel sums in double and does not
     show it. An error of the schedule (an index, a lost partial sum) lies far
     outside that range (tests/tools/test_cuda_check_tool.py)."""
-    for i, (g, e) in enumerate(zip(got, exact)):
-        g, e = np.asarray(g, np.float64), np.asarray(e, np.float64)
-        nan = np.isnan(e)
-        if g.shape != e.shape or not np.array_equal(np.isnan(g), nan):
-            return False
-        scale = np.max(np.abs(np.where(np.isinf(e), 0, e))[~nan], initial=0.0)
-        with np.errstate(invalid="ignore"):   # equal infinities differ by nothing
-            far = lambda a: np.max(np.where(a == e, 0.0, np.abs(a - e))[~nan],  # noqa: E731
-                                   initial=0.0)
-            spread = max(far(np.asarray(p[i], np.float64)) for p in programs)
-            if far(g) > atol + rtol * scale + spread:
-                return False
-    return True
+    return _no_farther(got, exact, lambda i, far: max(far(p[i]) for p in programs),
+                       rtol, atol)
 
 
 def agrees_with_cpu(emulated, cpu, cluster: ir.Cluster, rows, rng, rtol=RTOL, atol=ATOL
