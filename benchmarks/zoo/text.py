@@ -110,7 +110,7 @@ ENTRIES: Dict[str, TextEntry] = {
 
 # Models outside the zoo (zoo.EXTRA_NAMES): not in CI, run on demand to try the tool
 # on architectures it was not checked on while it was built. "real" is the family's
-# smallest published width with the depth cut (Mixtral's width is cut too).
+# smallest published width with the depth cut.
 EXTRA: Dict[str, TextEntry] = {
     "bart": TextEntry("BartBackbone", _tiny(num_heads=2, max_sequence_length=64),
                       _args(**{**_BERT_BASE, "vocabulary_size": 32000, "num_layers": 2,
