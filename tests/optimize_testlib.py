@@ -124,6 +124,33 @@ def assert_same(case: tf.test.TestCase, actual, expected, kind: str = "chain",
     np.testing.assert_allclose(a, e, rtol=rtol, atol=atol, err_msg=msg)
 
 
+# How much farther from the exact result than TF's an optimized result may land
+# (normwise): a contraction rewritten as another op sums in another order, and
+# which order rounds better depends on the machine's kernel (AVX-512 or AVX2).
+ACCURACY_FACTOR = 4.0
+
+
+def assert_as_accurate_as_tf(case: tf.test.TestCase, actual, expected, exact,
+                             msg: str = "", factor: float = ACCURACY_FACTOR) -> None:
+    """One result of the optimized function no farther (normwise) from `exact`
+    (the same function computed in float64, or in float32 for 16-bit inputs)
+    than `factor` times TF's `expected`, or than one rounding of its dtype:
+    for ill-conditioned results (a sum that cancels), where rtol against TF's
+    result measures TF's rounding, not a mistake."""
+    case.assertEqual(actual.dtype, expected.dtype, msg)
+    case.assertEqual(tuple(actual.shape), tuple(expected.shape), msg)
+    a, e = to_numpy(actual).astype(np.float64), to_numpy(expected).astype(np.float64)
+    x = to_numpy(exact).astype(np.float64)
+    np.testing.assert_array_equal(np.isnan(a), np.isnan(e), err_msg=f"NaN positions: {msg}")
+    finite = np.isfinite(x)
+    scale = max(float(np.linalg.norm(x[finite])), np.finfo(np.float64).tiny)
+    d_fs = float(np.linalg.norm((a - x)[finite])) / scale
+    d_tf = float(np.linalg.norm((e - x)[finite])) / scale
+    allowed = max(factor * d_tf, float(EPS[dtype_name(expected)]))
+    case.assertLessEqual(d_fs, allowed, f"{msg}: {d_fs:.3g} from the exact result (normwise), "
+                                        f"TF {d_tf:.3g}; allowed {allowed:.3g}")
+
+
 def assert_reduction_close(case, actual, expected, x, axes, kind: str, keepdims: bool,
                            msg: str = "") -> None:
     """Reductions: exact for integers, booleans, max and min; a sum-of-magnitudes
