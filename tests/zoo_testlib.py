@@ -35,6 +35,24 @@ the same inputs; the largest of them is the noise floor:
 tf_fusionstitch passes where its distance from TF is at most NOISE_FACTOR
 times the floor.
 
+Non-smooth steps. A train step through max pooling (or ReLU) is not smooth:
+where a window's two largest inputs are closer than float32 rounding, which of
+them takes the gradient depends on how a program rounds. At tiny sizes such
+near-ties occur. Xception's (71x71, batch 4, seed 5) block13_pool has a window
+whose two largest inputs are 6.0e-7 apart in float64, while a float32 element
+there is 1.3e-6 (TF) and 7.6e-7 (tf_fusionstitch) from float64. TF and the twin
+route the gradient to one input, tf_fusionstitch to the other, and every
+earlier gradient moves by about 1.4e-3 (normwise): 37 variables 500-2800x past
+the smooth floor. TF itself, from weights one rounding apart, crossed that
+kink in 3 of 6 seeds (the step-1 loss 2.20689 where TF has 2.20689440), and
+landed up to 0.11 from its own run. XLA and the twin share TF's side by
+chance, so they measure only the smooth noise. Where a plan misses their
+floor, the zoo test measures TF's: ROUNDING_APART_RUNS runs from weights one
+rounding apart join the references. A smooth step's runs stay near the floor,
+so a wrong kernel still fails there (PerturbedPlanTest's kernels off by 1e-5
+fail with those runs among the references). A kink's runs show the spread any
+float32 program may land in.
+
 Updates are compared as they are; a sign-based optimizer (Lion) turns one
 element's rounding-level gradient difference into a 2 lr step, which on a
 bfloat16 model's 32-element norm scale moves the normwise distance by 0.35,

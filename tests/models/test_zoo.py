@@ -9,7 +9,10 @@ For every model, with the default options:
 both within the noise floor of two references, XLA (where it draws the same
 dropout masks; for dropout models TF from weights one float32 rounding apart)
 and the model's more precise twin (float64, or float32 for mixed_bfloat16
-models): tests/zoo_testlib.py says why both and how much;
+models): tests/zoo_testlib.py says why both and how much; where a plan's
+train steps miss that floor, TF's own runs from weights one rounding apart
+join the references, since a step through max pooling is not smooth where a
+window's two largest inputs are within rounding (zoo_testlib: non-smooth steps);
 - nothing raised, no trace fell back to the original function, no cluster
   fell back except those KNOWN_FALLBACKS names with their reason, and the
   rewrite fused something;
@@ -46,6 +49,7 @@ import dataclasses
 import json
 import os
 import warnings
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -67,6 +71,9 @@ CHECKED = zoo.NAMES + (zoo.EXTRA_NAMES if os.environ.get("TF_FUSIONSTITCH_ZOO_EX
 # {reason text: why the fallback is expected}. Empty: no cluster of any zoo
 # model may stay as TF ops.
 KNOWN_FALLBACKS = {}
+# TF runs from weights one rounding apart that measure a non-smooth step's
+# floor. On Xception's, 3 of 6 seeds crossed the max-pool kink a plan crossed.
+ROUNDING_APART_RUNS = 8
 CUDA_EMULATED = {"mobilenet_v2", "efficientnet_b0", "resnet50_v2", "xception", "vgg16",
                  *zoo.text.ENTRIES}
 KNOWN_CUDA_FALLBACKS = {
@@ -93,6 +100,20 @@ class TrainReferences:
     batches: list
     tf_run: "zt.Trained"
     refs: list
+    rounding_apart: Optional[list] = None   # rounding_apart_runs(), once measured
+
+
+def rounding_apart_runs(model, references) -> list:
+    """TF's ROUNDING_APART_RUNS runs from weights one float32 rounding apart
+    (measured once per set of references; restores the initial weights
+    after): the floor of a step that is not smooth at float32 noise
+    (zoo_testlib's docstring)."""
+    r = references
+    if r.rounding_apart is None:
+        r.rounding_apart = [zt.perturbed_train_steps(model, r.batches, r.initial, _SEED + 10 + k)
+                            for k in range(ROUNDING_APART_RUNS)]
+        zt.restore(r.variables, r.initial)
+    return r.rounding_apart
 
 
 def train_references(model, twin):
@@ -120,11 +141,20 @@ def optimized_comparison(model, references, options=None):
     opt = fs.optimize(model.train_step, **(options or {}))
     losses, warned = _quiet_calls(opt, [b.inputs + (b.labels,) for b in r.batches])
     fs_run = zt.Trained([float(x) for x in losses], zt.snapshot(r.weights))
-    mismatches = (zt.mismatched_losses(r.tf_run, r.refs, fs_run)
-                  + zt.mismatched_updates(r.weights, r.initial[:len(r.weights)], r.tf_run,
-                                          r.refs, fs_run))
-    if int(model.optimizer.iterations) != zt.STEPS:
-        mismatches.append(f"the optimizer ran {int(model.optimizer.iterations)} steps")
+    iterations = int(model.optimizer.iterations)
+
+    def mismatched(refs):
+        return (zt.mismatched_losses(r.tf_run, refs, fs_run)
+                + zt.mismatched_updates(r.weights, r.initial[:len(r.weights)], r.tf_run,
+                                        refs, fs_run))
+    mismatches = mismatched(r.refs)
+    if mismatches:   # is the step smooth at float32 noise? TF's own runs say
+        mismatches = mismatched(r.refs + rounding_apart_runs(model, r))
+        if not mismatches:
+            print(f"{model.name}: within the floor of TF's runs from weights one rounding "
+                  f"apart, not of the smooth references (zoo_testlib: non-smooth steps)")
+    if iterations != zt.STEPS:
+        mismatches.append(f"the optimizer ran {iterations} steps")
     return mismatches, warned, opt
 
 
