@@ -136,12 +136,14 @@ def assert_as_accurate_as_tf(case: tf.test.TestCase, actual, expected, exact,
     (the same function computed in float64, or in float32 for 16-bit inputs)
     than `factor` times TF's `expected`, or than one rounding of its dtype:
     for ill-conditioned results (a sum that cancels), where rtol against TF's
-    result measures TF's rounding, not a mistake."""
+    result measures TF's rounding, not a mistake. NaN and Inf where TF has them."""
     case.assertEqual(actual.dtype, expected.dtype, msg)
     case.assertEqual(tuple(actual.shape), tuple(expected.shape), msg)
     a, e = to_numpy(actual).astype(np.float64), to_numpy(expected).astype(np.float64)
     x = to_numpy(exact).astype(np.float64)
     np.testing.assert_array_equal(np.isnan(a), np.isnan(e), err_msg=f"NaN positions: {msg}")
+    inf = np.isinf(e)
+    np.testing.assert_array_equal(a[inf], e[inf], err_msg=f"Inf values: {msg}")
     finite = np.isfinite(x)
     scale = max(float(np.linalg.norm(x[finite])), np.finfo(np.float64).tiny)
     d_fs = float(np.linalg.norm((a - x)[finite])) / scale
