@@ -129,6 +129,33 @@ class ParallelizeTest(lib.ParallelStepCase):
         got = [float(parallel(*inputs)) for _ in range(3)]
         np.testing.assert_allclose(got, want, rtol=lib.RTOL)
 
+    def test_micro_batches_refuse_an_integer_the_pieces_compute_differently(self):
+        # The writes read a count of the batch's rows: each piece counts its own rows, the
+        # counts differ and have no mean, so the step refuses to run rather than update
+        # with one piece's count.
+        rng = np.random.default_rng(1)
+        w = tf.Variable(rng.standard_normal((16, 16)).astype(np.float32) / 4)
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(x @ w - y))
+            positive = tf.reduce_sum(tf.cast(y[:, 0, 0] > 0, tf.int32))
+            w.assign_sub(0.01 * tf.cast(positive, tf.float32) * tape.gradient(loss, w))
+            return loss
+        x = tf.constant(rng.standard_normal((8, 8, 16)).astype(np.float32))
+        y = tf.constant(np.where(np.arange(8)[:, None, None] < 3, 1.0, -1.0)
+                        * np.ones((8, 8, 16)), tf.float32)   # pieces: 2, 1, 0, 0 positive rows
+        plan = planner.search(step, [x, y], cluster="4xCPU", strategy="pipeline",
+                              variables=[w])
+        parallel = planner.parallelize(step, [x, y], cluster="4xCPU", variables=[w],
+                                       plan=dataclasses.replace(plan, micro_batches=DEVICES))
+        before = w.numpy()
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
+                                    "different values of .*cannot run in pieces"):
+            parallel(x, y)
+        self.assertAllEqual(w.numpy(), before)
+
     def test_micro_batches_need_a_step_of_any_batch_size(self):
         # The reference block reshapes to its batch size: it does not trace on less.
         step, inputs, variables = reference_block(seed=2)
