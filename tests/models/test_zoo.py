@@ -203,7 +203,8 @@ class ZooTest(tf.test.TestCase, parameterized.TestCase):
 
         def xla_outputs(batch):
             nonlocal xla
-            xla = xla or zt.xla_function(model.inference)
+            if xla is None:
+                xla = zt.xla_function(model.inference)
             return zt.flat_outputs(xla(*batch))
         makers = [lambda batch: zt.twin_outputs(twin, batch), xla_outputs]
         refs = [[makers[0](b)] for b in batches]
