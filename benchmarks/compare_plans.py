@@ -19,13 +19,24 @@ faster), with its middle half and its 95% interval (median_interval.py; from six
 The rewrite cache is off, so each plan is rewritten by the code checked out. A plan
 with a measured choice (explore's measured_plans, measured_choice) is called until it has
 decided, and the decision is printed, before the rounds.
+
+One process's interval holds the noise between its rounds, not the spread between two
+instances of one plan: on an A/A control (one plan under two labels) the second label
+measured 1.011x (1.002-1.027) against the first (benchmarks/RESULTS.md, issue 29). A plan's
+speed is what a user's process gets, so `--processes=N` runs the comparison in N fresh
+processes one after the other (each builds, rewrites, decides and times its own instances,
+with its own round order), then summarises per plan the processes' median ratios: their
+median, their range and the 95% interval of that median over processes (from six).
 """
 
 import ast
+import json
 import os
 import pathlib
 import statistics
+import subprocess
 import sys
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -58,7 +69,15 @@ flags.DEFINE_list("plans", ["xla_like", "explore"], "Plans to compare, the first
                   "baseline: fusion strategies, each with optional `:option=value+option=value`.")
 flags.DEFINE_integer("rounds", 30, "Timed rounds (one call of each plan per round).")
 flags.DEFINE_integer("warmup", 2, "Untimed rounds after the first call.")
-flags.DEFINE_integer("seed", 2, "Seed of the rounds' orders.")
+flags.DEFINE_integer("seed", 2, "Seed of the rounds' orders (process i of --processes: "
+                     "seed + i).")
+flags.DEFINE_integer("processes", 1, "Fresh processes to run the comparison in, one after "
+                     "the other; above 1 the ratios are summarised over processes.")
+flags.DEFINE_string("json_out", None, "Also write this process's times, kernels and "
+                    "choices as JSON to this path (what --processes reads).")
+
+
+_SCRIPT_FLAGS = ("model", "function", "size", "batch", "plans", "rounds", "warmup")
 
 
 def parse_plan(text):
@@ -100,14 +119,28 @@ def main(argv):
         raise app.UsageError("--plans needs two plans or more: the first is the baseline")
     if len(set(FLAGS.plans)) != len(FLAGS.plans):
         raise app.UsageError(f"--plans names a plan twice: {FLAGS.plans}")
+    if FLAGS.processes < 1:
+        raise app.UsageError(f"--processes must be at least 1, got {FLAGS.processes}")
+    if FLAGS.processes > 1:
+        _compare_in_processes(FLAGS.processes)
+        return
+    result = _compare(plans)
+    if FLAGS.json_out:
+        pathlib.Path(FLAGS.json_out).write_text(json.dumps(result), encoding="utf-8")
+
+
+def _compare(plans):
+    """Builds, rewrites and times every plan in this process; prints the summary and
+    returns the times, kernel counts and choices per label."""
     built, batch, batch_size = _models(len(plans))
     args = list(batch.inputs) + ([batch.labels] if FLAGS.function == "train_step" else [])
-    calls = {}
+    calls, kernels, choices = {}, {}, {}
     for label, (fusion, options), model in zip(FLAGS.plans, plans, built):
         # rewrite_cache off unless the plan says otherwise: the code checked out rewrites
         opt = fs.optimize(getattr(model, FLAGS.function),
                           **{"rewrite_cache": False, **options, "fusion": fusion})
         report = opt.prepare(*args)
+        kernels[label] = report.kernels_after
         print(f"{label}: memory-intensive kernels TF {report.kernels_before} -> "
               f"{report.kernels_after}, rewrite {report.rewrite_seconds:.1f} s", flush=True)
         if report.exploration:   # explore's search and its plan guard's choice
@@ -121,8 +154,9 @@ def main(argv):
             if opt.report().choice:
                 break
             opt(*args)
-        if opt.report().choice:
-            print(f"  {opt.report().choice}", flush=True)
+        choices[label] = opt.report().choice or ""
+        if choices[label]:
+            print(f"  {choices[label]}", flush=True)
         calls[label] = opt
     wall, cpu = rounds.time_rounds(calls, args, FLAGS.rounds, FLAGS.warmup, FLAGS.seed)
     base = FLAGS.plans[0]
@@ -137,6 +171,52 @@ def main(argv):
             if interval:
                 line += ", 95% interval {:.3f}-{:.3f}x".format(*interval)
         print(line, flush=True)
+    return {"batch": str(batch_size), "wall": wall, "cpu": cpu, "kernels": kernels,
+            "choices": choices}
+
+
+def _compare_in_processes(count):
+    """Runs this comparison in `count` fresh processes, one after the other, and prints
+    per plan the summary over processes."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="compare_plans-") as tmp:
+        for i in range(count):
+            out = pathlib.Path(tmp) / f"process{i}.json"
+            argv = [sys.executable, str(pathlib.Path(__file__).resolve()),
+                    *_flags_for_one_process(), "--processes=1",
+                    f"--seed={FLAGS.seed + i}", f"--json_out={out}"]
+            print(f"--- process {i + 1} of {count}", flush=True)
+            if subprocess.run(argv).returncode != 0:
+                raise SystemExit(f"process {i + 1} of {count} failed (its output is above); "
+                                 f"command: {' '.join(argv)}")
+            results.append(json.loads(out.read_text(encoding="utf-8")))
+    base = FLAGS.plans[0]
+    print(f"{FLAGS.model} {FLAGS.function}, batch {results[0]['batch']}, {count} processes "
+          f"of {FLAGS.rounds} rounds; ratio: the median over processes of each process's "
+          f"median of {base}'s time over the plan's in the same round")
+    for label in FLAGS.plans:
+        medians = [statistics.median(r["wall"][label]) for r in results]
+        kernels = sorted({r["kernels"][label] for r in results})
+        line = (f"  {label:28s} median {1e3 * statistics.median(medians):9.2f} ms, "
+                f"kernels {'/'.join(map(str, kernels))}")
+        if label != base:
+            mid, (lowest, highest), interval = rounds.process_ratio_summary(
+                [(r["wall"][base], r["wall"][label]) for r in results])
+            line += f"; ratio median {mid:.3f}x, processes {lowest:.3f}-{highest:.3f}x"
+            if interval:
+                line += ", 95% interval {:.3f}-{:.3f}x".format(*interval)
+        print(line, flush=True)
+        picks = [r["choices"][label] for r in results if r["choices"][label]]
+        for pick in sorted(set(picks)):
+            print(f"    {picks.count(pick)} of {count} processes: {pick}", flush=True)
+
+
+def _flags_for_one_process():
+    """This run's flags as a child process gets them, less those it sets itself."""
+    own = {"processes", "seed", "json_out"}
+    return [f"--{name}={','.join(value) if isinstance(value, list) else value}"
+            for name, value in FLAGS.flag_values_dict().items()
+            if name in _SCRIPT_FLAGS and name not in own and value is not None]
 
 
 if __name__ == "__main__":

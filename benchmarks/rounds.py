@@ -38,3 +38,15 @@ def ratio_summary(base: Sequence[float], other: Sequence[float]
     ratios = [b / o for b, o in zip(base, other)]
     quartiles = tuple(float(q) for q in np.percentile(ratios, [25, 50, 75]))
     return quartiles, median_interval(ratios)
+
+
+def process_ratio_summary(processes: Sequence[Tuple[Sequence[float], Sequence[float]]]
+                          ) -> Tuple[float, Tuple[float, float], Optional[Tuple[float, float]]]:
+    """`processes`: per process, (base's times, other's times), round by round. Each
+    process's median round ratio is one sample of what a process gets: their median,
+    their range and the 95% interval of that median over processes (None with fewer
+    than six). It holds the spread between instances of a plan, which one process's
+    rounds cannot."""
+    medians = [ratio_summary(base, other)[0][1] for base, other in processes]
+    return (float(np.median(medians)), (min(medians), max(medians)),
+            median_interval(medians))

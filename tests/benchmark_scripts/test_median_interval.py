@@ -1,5 +1,6 @@
 """benchmarks/median_interval.py: the order-statistic interval the benchmarks
-use to say whether one contender is slower than another."""
+use to say whether one contender is slower than another; and rounds.py's summary
+of it over processes."""
 
 import sys
 
@@ -10,6 +11,7 @@ import repo_paths
 
 sys.path.insert(0, str(repo_paths.BENCHMARKS))
 from median_interval import median_interval  # noqa: E402
+import rounds  # noqa: E402
 
 
 def test_too_few_values_give_no_interval():
@@ -55,3 +57,15 @@ TRUE_MEDIAN = _true_median()
 def test_bad_level_is_refused():
     with pytest.raises(ValueError, match="level"):
         median_interval([1.0] * 10, level=1.0)
+
+
+def test_the_summary_over_processes_takes_each_processs_median_ratio():
+    # process medians of base/other: 2.0 (rounds 2, 2, 2), 1.0 (2/2, 3/3) and 0.5
+    processes = [([2.0, 4.0, 6.0], [1.0, 2.0, 3.0]), ([2.0, 3.0], [2.0, 3.0]),
+                 ([1.0], [2.0])]
+    assert rounds.process_ratio_summary(processes) == (1.0, (0.5, 2.0), None)
+    # seven processes: the 95% interval of their median is their range (order statistics)
+    seven = [([1.0 + i / 100], [1.0]) for i in range(7)]
+    mid, (lowest, highest), interval = rounds.process_ratio_summary(seven)
+    assert (mid, lowest, highest) == (1.03, 1.0, 1.06)
+    assert interval == (1.0, 1.06)
