@@ -16,7 +16,8 @@ of the model, built from one seed. Every round calls each plan once, in a new ra
 (rounds.py); per plan the script prints the median step time and process CPU time, and the
 median over rounds of the first plan's time over this plan's (above 1x: this plan is
 faster), with its middle half and its 95% interval (median_interval.py; from six rounds).
-The rewrite cache is off, so each plan is rewritten by the code checked out. A plan
+The rewrite cache is off unless --rewrite_cache is set (its key hashes the rewrite's
+source, so an entry is always the plan of the code checked out). A plan
 with a measured choice (explore's measured_plans, measured_choice) is called until it has
 decided, and the decision is printed, before the rounds.
 
@@ -26,7 +27,8 @@ measured 1.011x (1.002-1.027) against the first (benchmarks/RESULTS.md, issue 29
 speed is what a user's process gets, so `--processes=N` runs the comparison in N fresh
 processes one after the other (each builds, rewrites, decides and times its own instances,
 with its own round order), then summarises per plan the processes' median ratios: their
-median, their range and the 95% interval of that median over processes (from six).
+median, their range and the 95% interval of that median over processes (from six). The
+processes share the rewrite cache, so each plan is rewritten once.
 """
 
 import ast
@@ -73,11 +75,14 @@ flags.DEFINE_integer("seed", 2, "Seed of the rounds' orders (process i of --proc
                      "seed + i).")
 flags.DEFINE_integer("processes", 1, "Fresh processes to run the comparison in, one after "
                      "the other; above 1 the ratios are summarised over processes.")
+flags.DEFINE_bool("rewrite_cache", False, "Let each plan come from the rewrite cache "
+                  "(--processes sets it for its processes).")
 flags.DEFINE_string("json_out", None, "Also write this process's times, kernels and "
                     "choices as JSON to this path (what --processes reads).")
 
 
-_SCRIPT_FLAGS = ("model", "function", "size", "batch", "plans", "rounds", "warmup")
+_SCRIPT_FLAGS = ("model", "function", "size", "batch", "plans", "rounds", "warmup",
+                 "rewrite_cache")
 
 
 def parse_plan(text):
@@ -138,7 +143,7 @@ def _compare(plans):
     for label, (fusion, options), model in zip(FLAGS.plans, plans, built):
         # rewrite_cache off unless the plan says otherwise: the code checked out rewrites
         opt = fs.optimize(getattr(model, FLAGS.function),
-                          **{"rewrite_cache": False, **options, "fusion": fusion})
+                          **{"rewrite_cache": FLAGS.rewrite_cache, **options, "fusion": fusion})
         report = opt.prepare(*args)
         kernels[label] = report.kernels_after
         print(f"{label}: memory-intensive kernels TF {report.kernels_before} -> "
@@ -183,7 +188,7 @@ def _compare_in_processes(count):
         for i in range(count):
             out = pathlib.Path(tmp) / f"process{i}.json"
             argv = [sys.executable, str(pathlib.Path(__file__).resolve()),
-                    *_flags_for_one_process(), "--processes=1",
+                    *_flags_for_one_process(), "--processes=1", "--rewrite_cache=true",
                     f"--seed={FLAGS.seed + i}", f"--json_out={out}"]
             print(f"--- process {i + 1} of {count}", flush=True)
             if subprocess.run(argv).returncode != 0:
@@ -213,7 +218,7 @@ def _compare_in_processes(count):
 
 def _flags_for_one_process():
     """This run's flags as a child process gets them, less those it sets itself."""
-    own = {"processes", "seed", "json_out"}
+    own = {"processes", "seed", "json_out", "rewrite_cache"}
     return [f"--{name}={','.join(value) if isinstance(value, list) else value}"
             for name, value in FLAGS.flag_values_dict().items()
             if name in _SCRIPT_FLAGS and name not in own and value is not None]
