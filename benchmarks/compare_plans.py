@@ -35,6 +35,7 @@ import ast
 import json
 import os
 import pathlib
+import re
 import statistics
 import subprocess
 import sys
@@ -141,7 +142,7 @@ def _compare(plans):
     args = list(batch.inputs) + ([batch.labels] if FLAGS.function == "train_step" else [])
     calls, kernels, choices = {}, {}, {}
     for label, (fusion, options), model in zip(FLAGS.plans, plans, built):
-        # rewrite_cache off unless the plan says otherwise: the code checked out rewrites
+        # the rewrite cache as --rewrite_cache says, unless the plan says otherwise
         opt = fs.optimize(getattr(model, FLAGS.function),
                           **{"rewrite_cache": FLAGS.rewrite_cache, **options, "fusion": fusion})
         report = opt.prepare(*args)
@@ -211,9 +212,17 @@ def _compare_in_processes(count):
             if interval:
                 line += ", 95% interval {:.3f}-{:.3f}x".format(*interval)
         print(line, flush=True)
-        picks = [r["choices"][label] for r in results if r["choices"][label]]
-        for pick in sorted(set(picks)):
-            print(f"    {picks.count(pick)} of {count} processes: {pick}", flush=True)
+        kept = [_kept_function(r["choices"][label]) for r in results if r["choices"][label]]
+        if kept:
+            counts = ", ".join(f"the {k} function in {kept.count(k)}" for k in sorted(set(kept)))
+            print(f"    measured choice (processes above): {counts} of {count} processes",
+                  flush=True)
+
+
+def _kept_function(choice):
+    """'fused' from a report's 'measured choice: runs the fused function (...)'."""
+    found = re.match(r"measured choice: runs the (.+?) function", choice)
+    return found.group(1) if found else choice
 
 
 def _flags_for_one_process():

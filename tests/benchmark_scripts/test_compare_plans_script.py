@@ -46,7 +46,7 @@ def test_three_plans_of_a_loop_model_are_compared_in_two_processes():
             assert float(lines[label][1]) > 0
             assert 0 < lowest <= low <= median <= high <= highest, lines[label]
     # over processes: the median of the two processes' medians and their range (two
-    # processes are too few for a 95% interval), and how many made each choice
+    # processes are too few for a 95% interval), and how many processes kept each function
     summary = out[out.index("2 processes of 6 rounds"):]
     over = {m[0]: m for m in re.findall(
         r"^  (\S+) +median +([\d.]+) ms, kernels ([\d/]+)(?:; ratio median ([\d.]+)x, "
@@ -55,8 +55,11 @@ def test_three_plans_of_a_loop_model_are_compared_in_two_processes():
     for label in ("stitch", "explore:pack=False+explore_k=2"):
         median, lowest, highest = map(float, over[label][3:])
         assert 0 < lowest <= median <= highest, over[label]
-    picks = re.findall(r"^    ([12]) of 2 processes: measured choice", summary, re.M)
-    assert sum(map(int, picks)) == 2, summary
+    kept = re.search(r"^    measured choice \(processes above\): (.*) of 2 processes$", summary,
+                     re.M)
+    assert kept, summary
+    counts = re.findall(r"the (fused|XLA-rule plan) function in ([12])", kept.group(1))
+    assert sum(int(n) for _, n in counts) == 2, summary
 
 
 def test_a_zoo_models_train_step_is_compared():
