@@ -77,4 +77,3 @@ def test_a_plan_option_without_a_value_is_refused():
     res = _run("--model=dien", "--plans=xla_like,explore:pack", "--rounds=1")
     assert res.returncode != 0
     assert "option 'pack' is not key=value" in res.stderr, res.stderr
-
