@@ -82,8 +82,8 @@ flags.DEFINE_string("json_out", None, "Also write this process's times, kernels 
                     "choices as JSON to this path (what --processes reads).")
 
 
-_SCRIPT_FLAGS = ("model", "function", "size", "batch", "plans", "rounds", "warmup",
-                 "rewrite_cache")
+# What a process of --processes gets from this run; it sets the others itself.
+_SHARED_FLAGS = ("model", "function", "size", "batch", "plans", "rounds", "warmup")
 
 
 def parse_plan(text):
@@ -226,11 +226,10 @@ def _kept_function(choice):
 
 
 def _flags_for_one_process():
-    """This run's flags as a child process gets them, less those it sets itself."""
-    own = {"processes", "seed", "json_out", "rewrite_cache"}
+    """This run's _SHARED_FLAGS as a process of --processes gets them."""
     return [f"--{name}={','.join(value) if isinstance(value, list) else value}"
             for name, value in FLAGS.flag_values_dict().items()
-            if name in _SCRIPT_FLAGS and name not in own and value is not None]
+            if name in _SHARED_FLAGS and value is not None]
 
 
 if __name__ == "__main__":
