@@ -56,6 +56,7 @@ from benchmarks import models as reference_models  # noqa: E402
 from benchmarks import zoo  # noqa: E402
 
 import tf_fusionstitch as fs  # noqa: E402
+from tf_fusionstitch import measured_choice  # noqa: E402
 from tf_fusionstitch.options import FusionOptions  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -154,9 +155,10 @@ def _compare(plans):
         opt(*args)
         # A measured choice's first calls alternate its contenders: decided before timing.
         resolved = FusionOptions.from_call(**{**options, "fusion": fusion})
-        timed = max(resolved.measured_choice,
-                    resolved.measured_plans if fusion == "explore" else 0)
-        for _ in range(3 * (timed + 1)):
+        plans_timed = resolved.measured_plans if fusion == "explore" else 0
+        contenders = 1 + bool(plans_timed) + bool(resolved.measured_choice)
+        for _ in range(measured_choice.calls_to_decide(
+                max(resolved.measured_choice, plans_timed), contenders)):
             if opt.report().choice:
                 break
             opt(*args)

@@ -65,6 +65,7 @@ sys.path.insert(1, str(_HERE.parent))
 from benchmarks import zoo  # noqa: E402
 
 import tf_fusionstitch as fs  # noqa: E402
+from tf_fusionstitch import measured_choice  # noqa: E402
 
 BEGIN, END = "<!-- zoo:begin -->", "<!-- zoo:end -->"
 FUNCTIONS = ("inference", "train_step")
@@ -158,7 +159,7 @@ def _ort_contender(name, arrays):
 
 def _decide(optimized, args):
     """Calls `optimized` until its measured choice is made; the report's line on it."""
-    for _ in range(2 * FLAGS.measured_choice + 2):
+    for _ in range(measured_choice.calls_to_decide(FLAGS.measured_choice, 2)):
         if optimized.report().choice:
             break
         optimized(*args)

@@ -6,16 +6,25 @@ machine (a kernel that keeps TF's remapper from fusing a bias into a matmul,
 thread-pool effects on two cores), the first calls can: with
 `optimize(fn, measured_choice=N)` each version of the function runs its first
 calls alternately fused and original, one untimed call of each (the fused one
-traces and rewrites) and then N timed ones of each, and keeps the one whose
-time is lower in most pairs of consecutive calls. Both compute the same
-function, so every call does the work the caller asked for, once. The report
-says which was kept and by what margin.
+traces and rewrites) and then N timed ones of each, rounded up to whole
+cycles (below), and keeps the faster.
+Both compute the same function, so every call does the work the caller asked
+for, once. The report says which was kept and by what margin.
+
+The calls go round by round, and round r starts with contender r (mod their
+number), so a cycle of as many rounds as contenders puts each contender once
+in each place of a round. A call's place moves its time by more than the
+plans differ: on BERT's train step (2 cores) the call that ran first in a
+round measured about 10% slower than the one after it in most rounds,
+whichever of the two it was. So the decision is per cycle, where that cancels:
+a cycle's ratio is the geometric mean over its rounds of the fused call's
+time over the other's, and a contender is kept over the fused function when
+the median over cycles of that ratio is above 1, the largest such median
+winning.
 
 fusion="explore" adds XLA's rule plan as a contender (options.measured_plans):
 where the plan model cannot tell the explored plan from the rule plans, the
-first calls do. With three contenders the calls go round by round; one is
-kept over the first (the fused function) when the median over rounds of the
-first's time over its time is above 1, the largest such median winning.
+first calls do.
 
 A function that draws random numbers from ops whose state lives in the op's
 kernel (tf.random.uniform with an op seed, not a tf.random.Generator or
@@ -28,6 +37,7 @@ TF-free: only the clock and the bookkeeping.
 
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 import time
@@ -53,6 +63,18 @@ def untimeable(op_types: Iterable[str]) -> str:
             f"calls would draw the same numbers again")
 
 
+def timed_rounds(calls_each: int, contenders: int) -> int:
+    """Rounds timed for `calls_each` timed calls of each of `contenders`:
+    rounded up to whole cycles, each contender once in each place."""
+    return -(-calls_each // contenders) * contenders
+
+
+def calls_to_decide(calls_each: int, contenders: int) -> int:
+    """Calls a measured choice takes before it has decided: an untimed
+    round, then the timed ones."""
+    return contenders * (1 + timed_rounds(calls_each, contenders))
+
+
 class MeasuredChoice:
     """Which contender to run next, the times so far, and the decision.
     `contenders`: the first is the fused function, kept on ties."""
@@ -65,6 +87,7 @@ class MeasuredChoice:
             raise ValueError(f"a measured choice needs two or more distinct contenders, "
                              f"got {list(contenders)}")
         self.calls_each = calls_each
+        self.rounds = timed_rounds(calls_each, len(contenders))
         self.clock = clock
         self.contenders = tuple(contenders)
         self._lock = threading.Lock()
@@ -88,7 +111,7 @@ class MeasuredChoice:
             else:
                 self._times[contender].append(seconds)
             self._calls += 1
-            if all(len(t) >= self.calls_each for t in self._times.values()):
+            if all(len(t) >= self.rounds for t in self._times.values()):
                 self.choice = self._fastest()
 
     def _turn(self, call: int) -> str:
@@ -105,19 +128,25 @@ class MeasuredChoice:
         return best if ratios[best] > 1.0 else self.contenders[0]
 
     def ratio(self, other: Optional[str] = None) -> float:
-        """The median over rounds of the fused call's time over `other`'s
-        (default: the second contender); above 1, `other` was faster."""
+        """The median over whole cycles of the fused call's time over
+        `other`'s (default: the second contender), each cycle's ratio the
+        geometric mean of its rounds'; above 1, `other` was faster."""
         other = other or self.contenders[1]
-        rounds = list(zip(self._times[self.contenders[0]], self._times[other]))
-        return statistics.median(f / o for f, o in rounds) if rounds else float("nan")
+        rounds = [f / o for f, o in zip(self._times[self.contenders[0]], self._times[other])]
+        k = len(self.contenders)
+        cycles = [math.prod(rounds[i:i + k]) ** (1.0 / k)
+                  for i in range(0, len(rounds) - k + 1, k)]
+        return statistics.median(cycles) if cycles else float("nan")
 
     def summary(self) -> str:
         first = self.contenders[0]
         ratios = "; ".join(f"{self.ratio(c):.3f} over the {c}'s" for c in self.contenders[1:])
         medians = ", ".join(f"{1e3 * statistics.median(self._times[c]):.3g} ms {c}"
                             for c in self.contenders)
+        cycles = len(self._times[first]) // len(self.contenders)
         return (f"measured choice: runs the {self.choice} function (median over "
-                f"{len(self._times[first])} rounds of calls of the {first} time: {ratios}; "
+                f"{cycles} cycles of {len(self.contenders)} rounds of calls of the {first} "
+                f"time: {ratios}; "
                 f"medians {medians})")
 
     def times(self, contender: str) -> List[float]:

@@ -66,14 +66,16 @@ class FusionOptions:
                                "version they fit (tf_fusionstitch/versions.py)")
     measured_choice: int = _option(0, int, "N > 0: each version's first calls alternate "
                                    "between the fused and the original function (one "
-                                   "untimed and N timed calls of each) and the faster one "
-                                   "runs from then on (tf_fusionstitch/measured_choice.py); "
+                                   "untimed and N timed calls of each, rounded up to whole "
+                                   "cycles) and the faster one runs from then on "
+                                   "(tf_fusionstitch/measured_choice.py); "
                                    "0: always the fused one", lo=0, hi=1000)
-    measured_plans: int = _option(5, int, "fusion='explore' only: N > 0: each version's "
+    measured_plans: int = _option(8, int, "fusion='explore' only: N > 0: each version's "
                                   "first calls alternate between the explored plan and "
                                   "XLA's rule plan of the same function (one untimed and N "
-                                  "timed calls of each; with measured_choice, the original "
-                                  "function too) and the fastest runs from then on "
+                                  "timed calls of each, rounded up to whole cycles; with "
+                                  "measured_choice, the original function too) and the "
+                                  "fastest runs from then on "
                                   "(tf_fusionstitch/measured_choice.py); 0: always the "
                                   "explored plan", lo=0, hi=1000)
     background: bool = _option(False, bool, "the first calls run the original function "
