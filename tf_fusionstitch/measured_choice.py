@@ -7,20 +7,21 @@ thread-pool effects on two cores), the first calls can: with
 `optimize(fn, measured_choice=N)` each version of the function runs its first
 calls alternately fused and original, one untimed call of each (the fused one
 traces and rewrites) and then N timed ones of each, rounded up to whole
-cycles (below), and keeps the faster.
-Both compute the same function, so every call does the work the caller asked
-for, once. The report says which was kept and by what margin.
+cycles (below), and keeps the faster. Both compute the same function, so
+every call does the work the caller asked for, once. The report says which
+was kept and by what margin.
 
 The calls go round by round, and round r starts with contender r (mod their
 number), so a cycle of as many rounds as contenders puts each contender once
 in each place of a round. A call's place moves its time by more than the
-plans differ: on BERT's train step (2 cores) the call that ran first in a
-round measured about 10% slower than the one after it in most rounds,
-whichever of the two it was. So the decision is per cycle, where that cancels:
-a cycle's ratio is the geometric mean over its rounds of the fused call's
-time over the other's, and a contender is kept over the fused function when
-the median over cycles of that ratio is above 1, the largest such median
-winning.
+plans differ: on BERT's train step (2 cores), with two plans alternating so
+that a round's first call follows a call of the same plan, that call measured
+about 5% slower than the round's second in 17 of 24 rounds, whichever plan
+it was, so a round's ratio moved by about 10% with the order. The decision
+is therefore per cycle, where the place cancels: a cycle's ratio is the
+geometric mean over its rounds of the fused call's time over the other's,
+and a contender is kept over the fused function when the median over cycles
+of that ratio is above 1, the largest such median winning.
 
 fusion="explore" adds XLA's rule plan as a contender (options.measured_plans):
 where the plan model cannot tell the explored plan from the rule plans, the
