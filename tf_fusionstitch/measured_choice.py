@@ -87,7 +87,6 @@ class MeasuredChoice:
         if len(contenders) < 2 or len(set(contenders)) != len(contenders):
             raise ValueError(f"a measured choice needs two or more distinct contenders, "
                              f"got {list(contenders)}")
-        self.calls_each = calls_each
         self.rounds = timed_rounds(calls_each, len(contenders))
         self.clock = clock
         self.contenders = tuple(contenders)
