@@ -303,9 +303,10 @@ def optimize(fn, **options) -> OptimizedFunction:
     "builtin"; rewriters/cpu_costs.py) and explore_guard (bool, default True:
     keep a rule plan, stitch's or XLA's, where the plan model cannot tell the
     explored plan is faster, rewriters/plan_guard.py) and measured_plans (int,
-    default 5: the first calls time the explored plan against XLA's rule plan,
-    N calls each, and keep the faster; 0: off); pack (bool, default True; fusion="stitch"
-    or "explore"): kernels that no path connects share one launch;
+    default 8: the first calls time the explored plan against XLA's rule plan,
+    N calls each, rounded up to whole cycles, and keep the faster; 0: off);
+    pack (bool, default True; fusion="stitch" or "explore"): kernels that no
+    path connects share one launch;
     rewrite_cache (bool, default True): reuse the rewrite of an identical
     traced graph (same options, TensorFlow and tf_fusionstitch code) from the
     disk cache, tf_fusionstitch/rewrite_cache.py; measured_choice (int,
